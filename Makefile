@@ -1,0 +1,32 @@
+# Every target sets itself up: a fresh clone needs only `make demo` or `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: test test-slow lint demo bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch is pinned in the same command as the rest so pip never pulls a CUDA build
+	$(PY) -m pip install --quiet "torch==2.13.0" -e ".[test]"
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks scripts
+
+test: lint
+	$(PY) -m pytest -q -p no:cacheprovider
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m slow
+
+demo: $(STAMP)
+	$(PY) -m difftransformer compare --preset tiny --output-dir runs/demo
+
+bench: $(STAMP)
+	$(PY) -m difftransformer bench
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,45 @@
+"""The ``difftransformer`` command: one sub-command per job, each living beside the code it drives.
+
+Every command module exposes ``configure(parser)`` (adds its options) and ``run(args) -> int``.
+Modules are imported only when their command runs, so ``difftransformer --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "prepare": ("difftransformer.data.cli", "fetch the built-in corpus, train a tokenizer, cache packed blocks"),
+    "train": ("difftransformer.train.cli", "train a DIFF, DIFF V2 or softmax language model"),
+    "generate": ("difftransformer.train.generate", "continue a prompt with a trained checkpoint"),
+    "compare": ("difftransformer.train.compare", "train DIFF and its matched baseline alike and write a report"),
+    "eval": ("difftransformer.eval.cli", "run one of the paper's experiments on any causal LM checkpoint"),
+    "convert": ("difftransformer.convert.cli", "convert to and from transformers' DiffLlama"),
+    "bench": ("difftransformer.bench.cli", "benchmark DIFF against its matched baseline and DiffLlama"),
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="difftransformer", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        # Only the chosen command's module is imported; the others just list their one-line help.
+        if name == command:
+            importlib.import_module(module_name).configure(sub_parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command is not None and command not in COMMANDS:
+        build_parser().error(f"unknown command {command!r}; expected one of {', '.join(COMMANDS)}")
+    args = build_parser(command).parse_args(argv)
+    return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

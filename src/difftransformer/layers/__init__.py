@@ -1,0 +1,29 @@
+"""Torch modules: norms, rotary embedding, SwiGLU and the three attention modules (one interface)."""
+
+from difftransformer.layers.diff_attention import SUBLN_MODES, DiffAttention, depth_lambda_init
+from difftransformer.layers.diff_attention_v2 import DiffAttentionV2
+from difftransformer.layers.hooks import attention_logits_hook
+from difftransformer.layers.mlp import SwiGLU
+from difftransformer.layers.norm import RMSNorm
+from difftransformer.layers.rotary import (
+    ROPE_STYLES,
+    RotaryEmbedding,
+    apply_rotary,
+    interleaved_to_half_permutation,
+)
+from difftransformer.layers.softmax_attention import SoftmaxAttention
+
+__all__ = [
+    "ROPE_STYLES",
+    "SUBLN_MODES",
+    "DiffAttention",
+    "DiffAttentionV2",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "SoftmaxAttention",
+    "SwiGLU",
+    "apply_rotary",
+    "attention_logits_hook",
+    "depth_lambda_init",
+    "interleaved_to_half_permutation",
+]

@@ -1,0 +1,148 @@
+"""DIFF V1 attention (SPEC §1): two softmax maps per head, subtracted, normalised per head."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import partial
+from typing import Literal
+
+import torch
+from torch import nn
+from transformers.cache_utils import Cache
+
+from difftransformer.layers.norm import RMSNorm
+from difftransformer.layers.rotary import RopeStyle, apply_rotary
+from difftransformer.ops import diff_attention, diff_attention_reference
+
+SublnMode = Literal["affine", "plain", "none"]
+SUBLN_MODES: tuple[str, ...] = ("affine", "plain", "none")
+LogitsHook = Callable[[nn.Module, torch.Tensor], torch.Tensor]
+
+
+def depth_lambda_init(layer_idx: int) -> float:
+    """The paper's depth schedule, l counted from 0: 0.8 - 0.6 exp(-0.3 l)."""
+    return 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
+
+
+class DiffAttention(nn.Module):
+    """Multi-head differential attention with GQA and a KV cache.
+
+    Projections have the matched Transformer's shapes: q d_model -> 2h*d, k and v d_model -> 2h_kv*d,
+    o 2h*d -> d_model. Their outputs are read in the paired layout of :mod:`difftransformer.ops.common`
+    (head i's Q1 | Q2 are q columns [2i d, (2i+2) d)).
+
+    Args:
+        hidden_size: d_model.
+        num_heads: differential heads h (half the matched Transformer's).
+        num_kv_heads: differential KV heads h_kv (divides h).
+        layer_idx: 0-based depth, for lambda_init and the cache.
+        lambda_init: constant, or None for the depth schedule.
+        lambda_std: std of the four lambda vectors at init.
+        subln: per-head RMSNorm with a gain ("affine"), without ("plain"), or no norm ("none").
+        subln_eps: that norm's eps.
+        rope_style: "interleaved" or "half".
+        causal: causal masking when no mask is given.
+        backend: :func:`difftransformer.ops.diff_attention` backend.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        layer_idx: int,
+        *,
+        lambda_init: float | None = None,
+        lambda_std: float = 0.1,
+        subln: SublnMode = "affine",
+        subln_eps: float = 1e-5,
+        rope_style: RopeStyle = "interleaved",
+        causal: bool = True,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.layer_idx = num_heads, num_kv_heads, layer_idx
+        self.head_dim = hidden_size // (2 * num_heads)
+        self.lambda_init = depth_lambda_init(layer_idx) if lambda_init is None else float(lambda_init)
+        self.lambda_std, self.rope_style, self.is_causal, self.backend = lambda_std, rope_style, causal, backend
+        self.logits_hook: LogitsHook | None = None
+
+        width = 2 * self.head_dim
+        self.q_proj = nn.Linear(hidden_size, num_heads * width, bias=False)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * width, bias=False)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * width, bias=False)
+        self.o_proj = nn.Linear(num_heads * width, hidden_size, bias=False)
+        # lambda lives in float32 whatever the model dtype: exp() of a bf16 dot product is too coarse.
+        self.lambda_q1 = nn.Parameter(torch.empty(self.head_dim, dtype=torch.float32))
+        self.lambda_k1 = nn.Parameter(torch.empty(self.head_dim, dtype=torch.float32))
+        self.lambda_q2 = nn.Parameter(torch.empty(self.head_dim, dtype=torch.float32))
+        self.lambda_k2 = nn.Parameter(torch.empty(self.head_dim, dtype=torch.float32))
+        self.subln = None if subln == "none" else RMSNorm(width, eps=subln_eps, elementwise_affine=subln == "affine")
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for proj in (self.q_proj, self.k_proj, self.v_proj, self.o_proj):
+            proj.reset_parameters()
+        for vector in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
+            nn.init.normal_(vector, mean=0.0, std=self.lambda_std)
+        if self.subln is not None:
+            self.subln.reset_parameters()
+
+    def lambda_full(self) -> torch.Tensor:
+        """The layer's scalar lambda, float32 (0-d): exp(q1.k1) - exp(q2.k2) + lambda_init, not clamped."""
+        lambda_1 = torch.exp(torch.sum(self.lambda_q1.float() * self.lambda_k1.float()))
+        lambda_2 = torch.exp(torch.sum(self.lambda_q2.float() * self.lambda_k2.float()))
+        return lambda_1 - lambda_2 + self.lambda_init
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        output_attentions: bool = False,
+        output_component_maps: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | tuple[torch.Tensor, ...] | None]:
+        """
+        Args:
+            hidden_states: (B, T, d_model).
+            position_embeddings: cos, sin of shape (B, T, d/2).
+            attention_mask: bool (B or 1, 1, T, S), True = attend; None = causal (or full if not causal).
+            past_key_values: a transformers Cache; stores k and v as (B, h_kv, S, 2d).
+            output_attentions: return the combined map A1 - lambda A2, (B, h, T, S).
+            output_component_maps: return (combined, A1, A2) instead.
+
+        Returns:
+            (B, T, d_model), and the maps or None.
+        """
+        batch, q_len, _ = hidden_states.shape
+        width = 2 * self.head_dim
+        q = self.q_proj(hidden_states).view(batch, q_len, self.num_heads, 2, self.head_dim).transpose(1, 2)
+        k = self.k_proj(hidden_states).view(batch, q_len, self.num_kv_heads, 2, self.head_dim).transpose(1, 2)
+        v = self.v_proj(hidden_states).view(batch, q_len, self.num_kv_heads, width).transpose(1, 2)
+        cos, sin = (t[:, None, :, None, :] for t in position_embeddings)  # each Q/K sub-head rotates alone
+        q = apply_rotary(q, cos, sin, self.rope_style).flatten(-2)
+        k = apply_rotary(k, cos, sin, self.rope_style).flatten(-2)
+        if past_key_values is not None:
+            k, v = past_key_values.update(k, v, self.layer_idx)
+
+        lambda_full = self.lambda_full()
+        causal = self.is_causal and attention_mask is None
+        maps = None
+        if output_attentions or output_component_maps or self.logits_hook is not None or self.backend == "reference":
+            hook = None if self.logits_hook is None else partial(self.logits_hook, self)
+            out, maps = diff_attention_reference(
+                q, k, v, lambda_full, causal=causal, attn_mask=attention_mask, logits_hook=hook,
+                return_maps=output_attentions or output_component_maps,
+            )  # fmt: skip
+        else:
+            out = diff_attention(q, k, v, lambda_full, causal=causal, attn_mask=attention_mask, backend=self.backend)
+
+        if self.subln is not None:
+            out = self.subln(out)
+        out = out * (1.0 - self.lambda_init)
+        out = self.o_proj(out.transpose(1, 2).reshape(batch, q_len, self.num_heads * width))
+        if output_component_maps:
+            return out, maps
+        return out, maps[0] if maps is not None else None

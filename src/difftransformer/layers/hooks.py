@@ -1,0 +1,31 @@
+"""Expose attention logits to analysis code (outlier statistics, logit quantization)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from torch import nn
+
+from difftransformer.layers.diff_attention import LogitsHook
+
+
+@contextmanager
+def attention_logits_hook(model: nn.Module, hook: LogitsHook) -> Iterator[list[nn.Module]]:
+    """Route every attention module of ``model`` through the materialized path with ``hook`` on its logits.
+
+    ``hook(module, logits)`` receives the scaled logits (B, n_maps, T, S) before masking and softmax and
+    returns the logits to use. DIFF V1: n_maps = 2h, map 2i is Q1 K1^T of head i and 2i+1 is Q2 K2^T;
+    DIFF V2: the 2h query heads; softmax: the heads. Yields the hooked modules, in depth order.
+    """
+    modules = [m for m in model.modules() if hasattr(m, "logits_hook")]
+    if not modules:
+        raise ValueError(f"{type(model).__name__} has no difftransformer attention modules to hook")
+    previous = [m.logits_hook for m in modules]
+    for module in modules:
+        module.logits_hook = hook
+    try:
+        yield modules
+    finally:
+        for module, old in zip(modules, previous):
+            module.logits_hook = old

@@ -1,0 +1,34 @@
+"""RMSNorm, as in Llama: normalise in float32, cast back, then scale by an optional learnable gain."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm over the last dim.
+
+    Args:
+        dim: size of the normalised (last) dim.
+        eps: added to the mean square.
+        elementwise_affine: learn a gain ``weight`` (dim,), initialised to ones.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5, elementwise_affine: bool = True) -> None:
+        super().__init__()
+        self.dim, self.eps = dim, eps
+        self.weight = nn.Parameter(torch.ones(dim)) if elementwise_affine else None
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            nn.init.ones_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (..., dim) -> (..., dim), same dtype."""
+        x32 = x.float() if x.dtype != torch.float64 else x
+        normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return normed if self.weight is None else self.weight * normed
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, eps={self.eps}, elementwise_affine={self.weight is not None}"

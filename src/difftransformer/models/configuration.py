@@ -1,0 +1,129 @@
+"""Configuration of the DIFF V1, DIFF V2 and matched softmax language models."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from transformers import PreTrainedConfig
+
+ATTENTION_KINDS: tuple[str, ...] = ("diff", "diff_v2", "softmax")
+ROPE_STYLES: tuple[str, ...] = ("interleaved", "half")
+SUBLN_MODES: tuple[str, ...] = ("affine", "plain", "none")
+ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "reference", "sdpa")
+
+
+class DiffTransformerConfig(PreTrainedConfig):
+    r"""Llama-style configuration for the Differential Transformer and its matched baseline.
+
+    Args:
+        vocab_size: number of token ids.
+        hidden_size: d_model.
+        intermediate_size: SwiGLU hidden size; None gives 8/3 * d_model rounded up to a multiple of 64.
+        num_hidden_layers: depth.
+        num_attention_heads: for ``attention="diff"`` the differential heads h (each holds two maps of width
+            d = hidden_size / (2h)), as in the authors' code; for "diff_v2" and "softmax" the ordinary heads
+            (width d = hidden_size / heads).
+        num_key_value_heads: KV heads counted like ``num_attention_heads``; None means no GQA.
+        attention: "diff" (DIFF V1), "diff_v2" (the authors' 2026 revision) or "softmax" (the baseline).
+        rope_style: "interleaved" (the authors' GPT-J pairing) or "half" (Llama/DiffLlama pairing).
+        subln: DIFF V1 per-head RMSNorm: "affine" (learnable gain, the authors' current code), "plain" (no
+            gain: the paper, DiffLlama), "none" (the ablation).
+        subln_eps: eps of that per-head norm.
+        lambda_init: "depth" for 0.8 - 0.6 exp(-0.3 l) with l the 0-based layer, or a constant.
+        lambda_std: std of the lambda vectors' normal init.
+        rms_norm_eps: eps of the block and final RMSNorms.
+        rope_theta: rotary base.
+        max_position_embeddings: longest sequence the model is meant for (checked on input).
+        initializer_range: std of the normal init of linear and embedding weights.
+        causal: causal self-attention (False gives an encoder).
+        attention_backend: "auto", "reference" (materialized, exact) or "sdpa" (fused kernels).
+        tie_word_embeddings: share the embedding and lm_head weights.
+    """
+
+    model_type = "difftransformer"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    vocab_size: int = 4096
+    hidden_size: int = 256
+    intermediate_size: int | None = None
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int | None = None
+    attention: str = "diff"
+    rope_style: str = "interleaved"
+    subln: str = "affine"
+    subln_eps: float = 1e-5
+    lambda_init: str | float = "depth"
+    lambda_std: float = 0.1
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+    initializer_range: float = 0.02
+    causal: bool = True
+    attention_backend: str = "auto"
+    use_cache: bool = True
+    tie_word_embeddings: bool = False
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    def __post_init__(self, **kwargs):
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.intermediate_size is None:
+            self.intermediate_size = 64 * math.ceil(8 * self.hidden_size / 3 / 64)
+        super().__post_init__(**kwargs)
+        self.check()
+
+    def check(self) -> None:
+        """Raise ValueError naming the first field that cannot build a model."""
+
+        def choose(field: str, allowed: tuple[str, ...]) -> None:
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"{field} must be one of {allowed}; got {getattr(self, field)!r}")
+
+        choose("attention", ATTENTION_KINDS)
+        choose("rope_style", ROPE_STYLES)
+        choose("subln", SUBLN_MODES)
+        choose("attention_backend", ATTENTION_BACKENDS)
+        for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
+            if not isinstance(getattr(self, field), int) or getattr(self, field) < 1:
+                raise ValueError(f"{field} must be a positive integer; got {getattr(self, field)!r}")
+        heads, kv_heads = self.num_attention_heads, self.num_key_value_heads
+        if not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads:
+            raise ValueError(
+                f"num_key_value_heads must be a positive divisor of num_attention_heads ({heads}); got {kv_heads}"
+            )
+        maps = 2 * heads if self.attention == "diff" else heads
+        if self.hidden_size % maps:
+            what = "2 * num_attention_heads (two maps per differential head)" if self.attention == "diff" else (
+                "num_attention_heads"
+            )
+            raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by {what} = {maps}")
+        if self.head_dim % 2:
+            raise ValueError(
+                f"the rotary width (head dim d = hidden_size / {maps} = {self.head_dim}) must be even"
+            )
+        if isinstance(self.lambda_init, str):
+            if self.lambda_init != "depth":
+                raise ValueError(f"lambda_init must be 'depth' or a number; got {self.lambda_init!r}")
+        elif not isinstance(self.lambda_init, (int, float)) or isinstance(self.lambda_init, bool):
+            raise ValueError(f"lambda_init must be 'depth' or a number; got {self.lambda_init!r}")
+
+    @property
+    def head_dim(self) -> int:
+        """Width d of one softmax map's queries and keys (the matched Transformer's head dim)."""
+        maps = 2 * self.num_attention_heads if self.attention == "diff" else self.num_attention_heads
+        return self.hidden_size // maps
+
+    def matched_baseline(self) -> DiffTransformerConfig:
+        """The softmax Transformer the paper compares against: 2h heads of width d (2h_kv KV heads) for DIFF V1,
+        the same heads for DIFF V2; every other field unchanged."""
+        factor = 2 if self.attention == "diff" else 1
+        return dataclasses.replace(
+            self,
+            attention="softmax",
+            num_attention_heads=factor * self.num_attention_heads,
+            num_key_value_heads=factor * self.num_key_value_heads,
+        )

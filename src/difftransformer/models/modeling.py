@@ -1,0 +1,277 @@
+"""DIFF V1, DIFF V2 and the matched softmax Transformer as Hugging Face causal language models."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+from difftransformer.layers import (
+    DiffAttention,
+    DiffAttentionV2,
+    RMSNorm,
+    RotaryEmbedding,
+    SoftmaxAttention,
+    SwiGLU,
+)
+from difftransformer.models.configuration import DiffTransformerConfig
+
+
+def build_attention(config: DiffTransformerConfig, layer_idx: int) -> nn.Module:
+    """The attention module that ``config.attention`` names, for one layer."""
+    common = dict(rope_style=config.rope_style, causal=config.causal, backend=config.attention_backend)
+    args = (config.hidden_size, config.num_attention_heads, config.num_key_value_heads, layer_idx)
+    if config.attention == "diff":
+        lambda_init = None if config.lambda_init == "depth" else float(config.lambda_init)
+        return DiffAttention(
+            *args,
+            lambda_init=lambda_init,
+            lambda_std=config.lambda_std,
+            subln=config.subln,
+            subln_eps=config.subln_eps,
+            **common,
+        )
+    if config.attention == "diff_v2":
+        return DiffAttentionV2(*args, **common)
+    return SoftmaxAttention(*args, **common)
+
+
+class DiffTransformerDecoderLayer(GradientCheckpointingLayer):
+    """Pre-RMSNorm block: y = x + attn(norm(x)); out = y + mlp(norm(y))."""
+
+    def __init__(self, config: DiffTransformerConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = build_attention(config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, T, d_model) -> (B, T, d_model), and the layer's attention map or None."""
+        attn_out, attn_map = self.self_attn(
+            self.input_layernorm(hidden_states),
+            position_embeddings,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            output_attentions=output_attentions,
+        )
+        hidden_states = hidden_states + attn_out
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states)), attn_map
+
+
+class DiffTransformerPreTrainedModel(PreTrainedModel):
+    config: DiffTransformerConfig
+    config_class = DiffTransformerConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["DiffTransformerDecoderLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True
+    _can_compile_fullgraph = True
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, DiffAttention):
+            for vector in (module.lambda_q1, module.lambda_k1, module.lambda_q2, module.lambda_k2):
+                init.normal_(vector, mean=0.0, std=self.config.lambda_std)
+
+
+def padding_and_causal_mask(
+    attention_mask: torch.Tensor | None,
+    *,
+    batch: int,
+    query_positions: torch.Tensor,
+    kv_len: int,
+    causal: bool,
+) -> torch.Tensor | None:
+    """Boolean (B or 1, 1, T, S) mask, True = attend, from a 2-D padding mask (B, <= S) of 1/0 or a ready 4-D mask.
+
+    Returns None where plain causal (or full) attention is exact, so fused kernels take their fastest path.
+    ``query_positions`` (T,) are the queries' slots in the key sequence (the cache position).
+    """
+    q_len = query_positions.shape[0]
+    if attention_mask is not None and attention_mask.dim() == 4:
+        if attention_mask.shape[0] not in (1, batch) or tuple(attention_mask.shape[1:]) != (1, q_len, kv_len):
+            raise ValueError(
+                f"a 4-D attention_mask must be ({batch} or 1, 1, {q_len}, {kv_len}); got {tuple(attention_mask.shape)}"
+            )
+        return attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+    if attention_mask is not None:
+        if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] > kv_len:
+            raise ValueError(
+                f"attention_mask must be (batch={batch}, key length <= {kv_len}) of 1 (token) / 0 (padding); "
+                f"got {tuple(attention_mask.shape)}"
+            )
+        if not torch.compiler.is_compiling() and bool(attention_mask.all()) and kv_len == attention_mask.shape[1]:
+            attention_mask = None
+    if attention_mask is None and kv_len == q_len:
+        return None
+    keys = torch.arange(kv_len, device=query_positions.device)
+    mask = (keys <= query_positions[:, None]) if causal else torch.ones(q_len, kv_len, dtype=torch.bool)
+    mask = mask.to(query_positions.device)[None, None]
+    if attention_mask is not None:
+        padded = torch.zeros(batch, kv_len, dtype=torch.bool, device=attention_mask.device)
+        padded[:, : attention_mask.shape[1]] = attention_mask.bool()
+        mask = mask & padded[:, None, None, :]
+    return mask
+
+
+class DiffTransformerModel(DiffTransformerPreTrainedModel):
+    """Embeddings, decoder layers and the final norm; returns hidden states (no LM head)."""
+
+    def __init__(self, config: DiffTransformerConfig) -> None:
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.layers = nn.ModuleList(
+            DiffTransformerDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config.head_dim, theta=config.rope_theta)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
+        """
+        Args:
+            input_ids: (B, T) token ids in [0, vocab_size).
+            attention_mask: (B, S) with 1 for tokens and 0 for padding (S = cached + new tokens), or a
+                (B, 1, T, S) bool / additive mask.
+            position_ids: (B, T); by default counted from the first non-padding token.
+            past_key_values: a transformers Cache (DynamicCache, StaticCache, ...).
+            inputs_embeds: (B, T, d_model) instead of input_ids.
+
+        Returns:
+            last_hidden_state (B, T, d_model); hidden_states: embeddings then each layer's output;
+            attentions: one (B, H, T, S) map per layer (for DIFF the combined map A1 - lambda A2).
+        """
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        if inputs_embeds is None:
+            if input_ids.dim() != 2:
+                raise ValueError(f"input_ids must be (batch, seq); got shape {tuple(input_ids.shape)}")
+            if not torch.compiler.is_compiling() and input_ids.numel() and (
+                int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size
+            ):
+                raise ValueError(
+                    f"input_ids must lie in [0, vocab_size={self.config.vocab_size}); "
+                    f"got values in [{int(input_ids.min())}, {int(input_ids.max())}]"
+                )
+            inputs_embeds = self.embed_tokens(input_ids)
+        batch, q_len, _ = inputs_embeds.shape
+
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
+        kv_len = past_key_values.get_mask_sizes(q_len, 0)[0] if past_key_values is not None else q_len
+        query_positions = torch.arange(q_len, device=inputs_embeds.device) + past_len
+        if position_ids is None:
+            if attention_mask is not None and attention_mask.dim() == 2:
+                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -q_len:]
+            else:
+                position_ids = query_positions.unsqueeze(0).expand(batch, -1)
+        mask = padding_and_causal_mask(
+            attention_mask, batch=batch, query_positions=query_positions, kv_len=kv_len, causal=self.config.causal
+        )
+
+        hidden_states = inputs_embeds
+        position_embeddings = self.rotary_emb(position_ids, hidden_states.dtype)
+        all_hidden = [hidden_states] if output_hidden_states else None
+        all_maps = [] if output_attentions else None
+        for layer in self.layers:
+            hidden_states, attn_map = layer(
+                hidden_states,
+                position_embeddings,
+                attention_mask=mask,
+                past_key_values=past_key_values,
+                output_attentions=bool(output_attentions),
+            )
+            if all_hidden is not None:
+                all_hidden.append(hidden_states)
+            if all_maps is not None:
+                all_maps.append(attn_map)
+        return BaseModelOutputWithPast(
+            last_hidden_state=self.norm(hidden_states),
+            past_key_values=past_key_values if use_cache else None,
+            hidden_states=tuple(all_hidden) if all_hidden is not None else None,
+            attentions=tuple(all_maps) if all_maps is not None else None,
+        )
+
+
+class DiffTransformerForCausalLM(DiffTransformerPreTrainedModel, GenerationMixin):
+    """:class:`DiffTransformerModel` with a language-model head; ``generate`` works as for Llama."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: DiffTransformerConfig) -> None:
+        super().__init__(config)
+        self.model = DiffTransformerModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """Arguments as :meth:`DiffTransformerModel.forward`; ``labels`` (B, T) give the next-token loss
+        (shifted inside, -100 ignored). Returns logits (B, T, vocab_size)."""
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
+        hidden_states = outputs.last_hidden_state
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(hidden_states[:, keep, :])
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        return CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )

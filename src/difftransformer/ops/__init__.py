@@ -1,0 +1,18 @@
+"""Attention operators: exact references beside fused fast paths, one function per operator."""
+
+from difftransformer.ops.common import build_attend_mask
+from difftransformer.ops.diff_attention import BACKENDS, diff_attention
+from difftransformer.ops.reference import diff_attention_reference, masked_softmax
+from difftransformer.ops.sdpa import diff_attention_sdpa
+from difftransformer.ops.softmax import softmax_attention, softmax_attention_reference
+
+__all__ = [
+    "BACKENDS",
+    "build_attend_mask",
+    "diff_attention",
+    "diff_attention_reference",
+    "diff_attention_sdpa",
+    "masked_softmax",
+    "softmax_attention",
+    "softmax_attention_reference",
+]

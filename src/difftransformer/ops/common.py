@@ -1,0 +1,68 @@
+"""Shape checks and mask construction shared by every differential-attention backend.
+
+Layout ("paired", the memory of SPEC §1's adjacent sub-heads viewed two at a time):
+q (B, h, T, 2d) with Q1 in ``[..., :d]`` and Q2 in ``[..., d:]``; k (B, h_kv, S, 2d) likewise with K1 | K2;
+v (B, h_kv, S, 2d). Head i reads KV group i // (h / h_kv). q, k and v are plain views of the projections'
+outputs, and a KV cache stores k and v with the same head count and width, as for a standard attention.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_diff_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int, int, int]:
+    """Validate the paired layout and return ``(batch, heads, kv_heads, q_len, kv_len, d)``."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(
+            f"q, k, v must be 4-D (batch, heads, seq, 2d); got q {tuple(q.shape)}, k {tuple(k.shape)}, "
+            f"v {tuple(v.shape)}"
+        )
+    batch, heads, q_len, width = q.shape
+    if width % 2:
+        raise ValueError(f"q's last dim must be 2d (an even number); got {width}")
+    if k.shape[0] != batch or v.shape[0] != batch:
+        raise ValueError(f"batch sizes differ: q {batch}, k {k.shape[0]}, v {v.shape[0]}")
+    kv_heads, kv_len = k.shape[1], k.shape[2]
+    if k.shape[-1] != width:
+        raise ValueError(f"k must be (batch, h_kv, kv_len, 2d={width}); got {tuple(k.shape)}")
+    if tuple(v.shape[1:]) != (kv_heads, kv_len, width):
+        raise ValueError(f"v must be (batch, {kv_heads}, {kv_len}, {width}) like k; got {tuple(v.shape)}")
+    if heads % kv_heads:
+        raise ValueError(f"differential heads ({heads}) must be a multiple of KV heads ({kv_heads})")
+    if q_len > kv_len:
+        raise ValueError(f"query length ({q_len}) cannot exceed key length ({kv_len})")
+    return batch, heads, kv_heads, q_len, kv_len, width // 2
+
+
+def build_attend_mask(
+    batch: int,
+    q_len: int,
+    kv_len: int,
+    *,
+    causal: bool,
+    attn_mask: torch.Tensor | None,
+    device: torch.device,
+) -> torch.Tensor | None:
+    """Boolean mask (B or 1, 1, T, S), True where a query may attend, or None when every key is visible.
+
+    Causal masking is aligned bottom-right: query t sits at absolute position ``S - T + t``, which is what a
+    KV cache needs when ``T < S``. ``attn_mask`` is boolean (True = attend) or additive float
+    (0 = attend, -inf = masked), of shape (B or 1, 1, T, S).
+    """
+    mask = None
+    if attn_mask is not None:
+        expected = f"({batch} or 1, 1, {q_len}, {kv_len})"
+        if (
+            attn_mask.dim() != 4
+            or attn_mask.shape[0] not in (1, batch)
+            or attn_mask.shape[1] != 1
+            or tuple(attn_mask.shape[-2:]) != (q_len, kv_len)
+        ):
+            raise ValueError(f"attn_mask must have shape {expected}; got {tuple(attn_mask.shape)}")
+        mask = attn_mask if attn_mask.dtype == torch.bool else attn_mask == 0
+    if causal:
+        rows = torch.arange(q_len, device=device).unsqueeze(-1) + (kv_len - q_len)
+        causal_mask = (torch.arange(kv_len, device=device) <= rows)[None, None]
+        mask = causal_mask if mask is None else mask & causal_mask
+    return mask
