@@ -11,10 +11,16 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "prepare": ("difftransformer.data.cli", "fetch the built-in corpus, train a tokenizer, cache packed blocks"),
+    "prepare": (
+        "difftransformer.data.cli",
+        "fetch the built-in corpus, train a tokenizer, cache packed blocks",
+    ),
     "train": ("difftransformer.train.cli", "train a DIFF, DIFF V2 or softmax language model"),
     "generate": ("difftransformer.train.generate", "continue a prompt with a trained checkpoint"),
-    "compare": ("difftransformer.train.compare", "train DIFF and its matched baseline alike and write a report"),
+    "compare": (
+        "difftransformer.train.compare",
+        "train DIFF and its matched baseline alike and write a report",
+    ),
     "eval": ("difftransformer.eval.cli", "run one of the paper's experiments on any causal LM checkpoint"),
     "convert": ("difftransformer.convert.cli", "convert to and from transformers' DiffLlama"),
     "bench": ("difftransformer.bench.cli", "benchmark DIFF against its matched baseline and DiffLlama"),

@@ -65,7 +65,12 @@ class DiffAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.layer_idx = num_heads, num_kv_heads, layer_idx
         self.head_dim = hidden_size // (2 * num_heads)
         self.lambda_init = depth_lambda_init(layer_idx) if lambda_init is None else float(lambda_init)
-        self.lambda_std, self.rope_style, self.is_causal, self.backend = lambda_std, rope_style, causal, backend
+        self.lambda_std, self.rope_style, self.is_causal, self.backend = (
+            lambda_std,
+            rope_style,
+            causal,
+            backend,
+        )
         self.logits_hook: LogitsHook | None = None
 
         width = 2 * self.head_dim
@@ -78,7 +83,9 @@ class DiffAttention(nn.Module):
         self.lambda_k1 = nn.Parameter(torch.empty(self.head_dim, dtype=torch.float32))
         self.lambda_q2 = nn.Parameter(torch.empty(self.head_dim, dtype=torch.float32))
         self.lambda_k2 = nn.Parameter(torch.empty(self.head_dim, dtype=torch.float32))
-        self.subln = None if subln == "none" else RMSNorm(width, eps=subln_eps, elementwise_affine=subln == "affine")
+        self.subln = (
+            None if subln == "none" else RMSNorm(width, eps=subln_eps, elementwise_affine=subln == "affine")
+        )
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -130,14 +137,21 @@ class DiffAttention(nn.Module):
         lambda_full = self.lambda_full()
         causal = self.is_causal and attention_mask is None
         maps = None
-        if output_attentions or output_component_maps or self.logits_hook is not None or self.backend == "reference":
+        if (
+            output_attentions
+            or output_component_maps
+            or self.logits_hook is not None
+            or self.backend == "reference"
+        ):
             hook = None if self.logits_hook is None else partial(self.logits_hook, self)
             out, maps = diff_attention_reference(
                 q, k, v, lambda_full, causal=causal, attn_mask=attention_mask, logits_hook=hook,
                 return_maps=output_attentions or output_component_maps,
             )  # fmt: skip
         else:
-            out = diff_attention(q, k, v, lambda_full, causal=causal, attn_mask=attention_mask, backend=self.backend)
+            out = diff_attention(
+                q, k, v, lambda_full, causal=causal, attn_mask=attention_mask, backend=self.backend
+            )
 
         if self.subln is not None:
             out = self.subln(out)

@@ -32,7 +32,13 @@ class DiffAttentionV2(SoftmaxAttention):
         backend: str = "auto",
     ) -> None:
         super().__init__(
-            hidden_size, num_heads, num_kv_heads, layer_idx, rope_style=rope_style, causal=causal, backend=backend
+            hidden_size,
+            num_heads,
+            num_kv_heads,
+            layer_idx,
+            rope_style=rope_style,
+            causal=causal,
+            backend=backend,
         )
         self.q_proj = nn.Linear(hidden_size, 2 * num_heads * self.head_dim, bias=False)
         self.lambda_proj = nn.Linear(hidden_size, num_heads, bias=False)
@@ -51,7 +57,9 @@ class DiffAttentionV2(SoftmaxAttention):
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
         out, probs = self.attend(q, k, v, attention_mask, output_attentions)
-        gate = torch.sigmoid(self.lambda_proj(hidden_states).float()).transpose(1, 2).unsqueeze(-1)  # (B, h, T, 1)
+        gate = (
+            torch.sigmoid(self.lambda_proj(hidden_states).float()).transpose(1, 2).unsqueeze(-1)
+        )  # (B, h, T, 1)
         pairs = out.unflatten(1, (self.num_heads, 2))
         out = pairs[:, :, 0] - gate.to(out.dtype) * pairs[:, :, 1]
         if probs is not None:

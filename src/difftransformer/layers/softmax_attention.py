@@ -42,7 +42,10 @@ class SoftmaxAttention(nn.Module):
         self.o_proj = nn.Linear(num_heads * self.head_dim, hidden_size, bias=False)
 
     def project(
-        self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor], num_q_heads: int
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        num_q_heads: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Project and rotate: q (B, num_q_heads, T, d), k and v (B, H_kv, T, d)."""
         batch, q_len, _ = hidden_states.shape

@@ -87,7 +87,13 @@ class DiffTransformerConfig(PreTrainedConfig):
         choose("rope_style", ROPE_STYLES)
         choose("subln", SUBLN_MODES)
         choose("attention_backend", ATTENTION_BACKENDS)
-        for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
+        for field in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+        ):
             if not isinstance(getattr(self, field), int) or getattr(self, field) < 1:
                 raise ValueError(f"{field} must be a positive integer; got {getattr(self, field)!r}")
         heads, kv_heads = self.num_attention_heads, self.num_key_value_heads
@@ -97,8 +103,10 @@ class DiffTransformerConfig(PreTrainedConfig):
             )
         maps = 2 * heads if self.attention == "diff" else heads
         if self.hidden_size % maps:
-            what = "2 * num_attention_heads (two maps per differential head)" if self.attention == "diff" else (
-                "num_attention_heads"
+            what = (
+                "2 * num_attention_heads (two maps per differential head)"
+                if self.attention == "diff"
+                else ("num_attention_heads")
             )
             raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by {what} = {maps}")
         if self.head_dim % 2:

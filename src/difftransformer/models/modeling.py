@@ -114,7 +114,11 @@ def padding_and_causal_mask(
                 f"attention_mask must be (batch={batch}, key length <= {kv_len}) of 1 (token) / 0 (padding); "
                 f"got {tuple(attention_mask.shape)}"
             )
-        if not torch.compiler.is_compiling() and bool(attention_mask.all()) and kv_len == attention_mask.shape[1]:
+        if (
+            not torch.compiler.is_compiling()
+            and bool(attention_mask.all())
+            and kv_len == attention_mask.shape[1]
+        ):
             attention_mask = None
     if attention_mask is None and kv_len == q_len:
         return None
@@ -167,7 +171,9 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
             last_hidden_state (B, T, d_model); hidden_states: embeddings then each layer's output;
             attentions: one (B, H, T, S) map per layer (for DIFF the combined map A1 - lambda A2).
         """
-        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        output_attentions = (
+            output_attentions if output_attentions is not None else self.config.output_attentions
+        )
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
@@ -177,8 +183,10 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
         if inputs_embeds is None:
             if input_ids.dim() != 2:
                 raise ValueError(f"input_ids must be (batch, seq); got shape {tuple(input_ids.shape)}")
-            if not torch.compiler.is_compiling() and input_ids.numel() and (
-                int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size
+            if (
+                not torch.compiler.is_compiling()
+                and input_ids.numel()
+                and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size)
             ):
                 raise ValueError(
                     f"input_ids must lie in [0, vocab_size={self.config.vocab_size}); "
@@ -198,7 +206,11 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
             else:
                 position_ids = query_positions.unsqueeze(0).expand(batch, -1)
         mask = padding_and_causal_mask(
-            attention_mask, batch=batch, query_positions=query_positions, kv_len=kv_len, causal=self.config.causal
+            attention_mask,
+            batch=batch,
+            query_positions=query_positions,
+            kv_len=kv_len,
+            causal=self.config.causal,
         )
 
         hidden_states = inputs_embeds
@@ -267,7 +279,9 @@ class DiffTransformerForCausalLM(DiffTransformerPreTrainedModel, GenerationMixin
         logits = self.lm_head(hidden_states[:, keep, :])
         loss = None
         if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+            loss = self.loss_function(
+                logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs
+            )
         return CausalLMOutputWithPast(
             loss=loss,
             logits=logits,

@@ -11,7 +11,9 @@ from __future__ import annotations
 import torch
 
 
-def check_diff_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int, int, int]:
+def check_diff_inputs(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[int, int, int, int, int, int]:
     """Validate the paired layout and return ``(batch, heads, kv_heads, q_len, kv_len, d)``."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(

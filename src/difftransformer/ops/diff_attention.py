@@ -42,5 +42,7 @@ def diff_attention(
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
     if backend == "reference":
-        return diff_attention_reference(q, k, v, lambda_full, causal=causal, attn_mask=attn_mask, scale=scale)[0]
+        return diff_attention_reference(
+            q, k, v, lambda_full, causal=causal, attn_mask=attn_mask, scale=scale
+        )[0]
     return diff_attention_sdpa(q, k, v, lambda_full, causal=causal, attn_mask=attn_mask, scale=scale)
