@@ -97,9 +97,10 @@ class DiffAttention(nn.Module):
             self.subln.reset_parameters()
 
     def lambda_full(self) -> torch.Tensor:
-        """The layer's scalar lambda, float32 (0-d): exp(q1.k1) - exp(q2.k2) + lambda_init, not clamped."""
-        lambda_1 = torch.exp(torch.sum(self.lambda_q1.float() * self.lambda_k1.float()))
-        lambda_2 = torch.exp(torch.sum(self.lambda_q2.float() * self.lambda_k2.float()))
+        """The layer's scalar lambda (0-d, float32 or wider): exp(q1.k1) - exp(q2.k2) + lambda_init, not clamped."""
+        dtype = torch.promote_types(self.lambda_q1.dtype, torch.float32)
+        lambda_1 = torch.exp(torch.sum(self.lambda_q1.to(dtype) * self.lambda_k1.to(dtype)))
+        lambda_2 = torch.exp(torch.sum(self.lambda_q2.to(dtype) * self.lambda_k2.to(dtype)))
         return lambda_1 - lambda_2 + self.lambda_init
 
     def forward(

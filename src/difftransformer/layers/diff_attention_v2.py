@@ -57,9 +57,8 @@ class DiffAttentionV2(SoftmaxAttention):
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
         out, probs = self.attend(q, k, v, attention_mask, output_attentions)
-        gate = (
-            torch.sigmoid(self.lambda_proj(hidden_states).float()).transpose(1, 2).unsqueeze(-1)
-        )  # (B, h, T, 1)
+        lambdas = self.lambda_proj(hidden_states).transpose(1, 2).unsqueeze(-1)  # (B, h, T, 1)
+        gate = torch.sigmoid(lambdas.to(torch.promote_types(lambdas.dtype, torch.float32)))
         pairs = out.unflatten(1, (self.num_heads, 2))
         out = pairs[:, :, 0] - gate.to(out.dtype) * pairs[:, :, 1]
         if probs is not None:

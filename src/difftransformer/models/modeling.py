@@ -19,6 +19,7 @@ from difftransformer.layers import (
     SwiGLU,
 )
 from difftransformer.models.configuration import DiffTransformerConfig
+from difftransformer.ops import additive_to_bool
 
 
 def build_attention(config: DiffTransformerConfig, layer_idx: int) -> nn.Module:
@@ -79,6 +80,8 @@ class DiffTransformerPreTrainedModel(PreTrainedModel):
     _skip_keys_device_placement = ["past_key_values"]
     _supports_sdpa = True
     _can_compile_fullgraph = True
+    # exp() of a half-precision dot product is too coarse for lambda: load these in float32 whatever the dtype.
+    _keep_in_fp32_modules_strict = ["lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"]
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -107,7 +110,7 @@ def padding_and_causal_mask(
             raise ValueError(
                 f"a 4-D attention_mask must be ({batch} or 1, 1, {q_len}, {kv_len}); got {tuple(attention_mask.shape)}"
             )
-        return attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+        return attention_mask if attention_mask.dtype == torch.bool else additive_to_bool(attention_mask)
     if attention_mask is not None:
         if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] > kv_len:
             raise ValueError(

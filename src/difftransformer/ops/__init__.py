@@ -1,6 +1,6 @@
 """Attention operators: exact references beside fused fast paths, one function per operator."""
 
-from difftransformer.ops.common import build_attend_mask
+from difftransformer.ops.common import additive_to_bool, build_attend_mask
 from difftransformer.ops.diff_attention import BACKENDS, diff_attention
 from difftransformer.ops.reference import diff_attention_reference, masked_softmax
 from difftransformer.ops.sdpa import diff_attention_sdpa
@@ -8,6 +8,7 @@ from difftransformer.ops.softmax import softmax_attention, softmax_attention_ref
 
 __all__ = [
     "BACKENDS",
+    "additive_to_bool",
     "build_attend_mask",
     "diff_attention",
     "diff_attention_reference",

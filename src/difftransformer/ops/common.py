@@ -37,6 +37,20 @@ def check_diff_inputs(
     return batch, heads, kv_heads, q_len, kv_len, width // 2
 
 
+def additive_to_bool(attn_mask: torch.Tensor) -> torch.Tensor:
+    """An additive float mask (0 = attend, -inf or the dtype's min = masked) as a bool mask (True = attend).
+
+    Other values would be a bias, which these operators do not take: refused rather than misread.
+    """
+    masked = attn_mask <= torch.finfo(attn_mask.dtype).min / 2
+    if not torch.compiler.is_compiling() and not bool(((attn_mask == 0) | masked).all()):
+        raise ValueError(
+            "an additive attn_mask may only hold 0 (attend) and -inf or the dtype's minimum (masked); "
+            "got other values (a bias): pass a bool mask instead"
+        )
+    return ~masked
+
+
 def build_attend_mask(
     batch: int,
     q_len: int,
@@ -62,7 +76,7 @@ def build_attend_mask(
             or tuple(attn_mask.shape[-2:]) != (q_len, kv_len)
         ):
             raise ValueError(f"attn_mask must have shape {expected}; got {tuple(attn_mask.shape)}")
-        mask = attn_mask if attn_mask.dtype == torch.bool else attn_mask == 0
+        mask = attn_mask if attn_mask.dtype == torch.bool else additive_to_bool(attn_mask)
     if causal:
         rows = torch.arange(q_len, device=device).unsqueeze(-1) + (kv_len - q_len)
         causal_mask = (torch.arange(kv_len, device=device) <= rows)[None, None]

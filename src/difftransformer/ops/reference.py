@@ -19,8 +19,10 @@ def masked_softmax(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Ten
     """Softmax over the last dim; rows with no visible key give zeros (as PyTorch's SDPA does), not NaN."""
     if mask is None:
         return torch.softmax(logits, dim=-1)
-    probs = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
-    return torch.where(mask.any(-1, keepdim=True), probs, torch.zeros_like(probs))
+    # Rows without a visible key are computed unmasked and then zeroed, so their gradient is 0, not NaN.
+    row_has_key = mask.any(-1, keepdim=True)
+    probs = torch.softmax(logits.masked_fill(~(mask | ~row_has_key), float("-inf")), dim=-1)
+    return probs * row_has_key
 
 
 def diff_attention_reference(

@@ -1,0 +1,96 @@
+"""An independent float64 implementation of SPEC §1-3, written from the spec with loops over heads.
+
+It reads only a state dict (checkpoint names of SPEC §2) and a handful of config numbers, so it checks
+our names and layouts as much as our arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def rms(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    y = x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
+    return y if weight is None else y * weight
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float, style: str) -> torch.Tensor:
+    """x: (T, d) rotated pair by pair."""
+    d = x.shape[-1]
+    out = x.clone()
+    for j in range(d // 2):
+        angle = positions.double() * theta ** (-2.0 * j / d)
+        a, b = (2 * j, 2 * j + 1) if style == "interleaved" else (j, j + d // 2)
+        out[:, a] = x[:, a] * torch.cos(angle) - x[:, b] * torch.sin(angle)
+        out[:, b] = x[:, a] * torch.sin(angle) + x[:, b] * torch.cos(angle)
+    return out
+
+
+def softmax_rows(logits: torch.Tensor, causal: bool) -> torch.Tensor:
+    if causal:
+        t = logits.shape[0]
+        logits = logits.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), -math.inf)
+    return torch.softmax(logits, dim=-1)
+
+
+def naive_causal_lm(sd: dict[str, torch.Tensor], cfg, ids: torch.Tensor) -> torch.Tensor:
+    """Logits (T, V) of one sequence ``ids`` (T,) with positions 0..T-1."""
+    sd = {k: v.double() for k, v in sd.items()}
+    t = ids.shape[0]
+    pos = torch.arange(t)
+    x = sd["model.embed_tokens.weight"][ids]
+    for layer in range(cfg.num_hidden_layers):
+        p = f"model.layers.{layer}."
+        h = rms(x, sd[p + "input_layernorm.weight"], cfg.rms_norm_eps)
+        q, k, v = (h @ sd[p + f"self_attn.{n}_proj.weight"].T for n in "qkv")
+        heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        outs = []
+        if cfg.attention == "diff":
+            d = cfg.hidden_size // (2 * heads)
+            qs, ks, vs = q.view(t, 2 * heads, d), k.view(t, 2 * kv_heads, d), v.view(t, kv_heads, 2 * d)
+            lam_init = (
+                0.8 - 0.6 * math.exp(-0.3 * layer) if cfg.lambda_init == "depth" else float(cfg.lambda_init)
+            )
+            a = sd[p + "self_attn.lambda_q1"] @ sd[p + "self_attn.lambda_k1"]
+            b = sd[p + "self_attn.lambda_q2"] @ sd[p + "self_attn.lambda_k2"]
+            lam = torch.exp(a) - torch.exp(b) + lam_init
+            for i in range(heads):
+                g = i // (heads // kv_heads)
+                maps = []
+                for c in range(2):
+                    qi = rope(qs[:, 2 * i + c], pos, cfg.rope_theta, cfg.rope_style)
+                    kg = rope(ks[:, 2 * g + c], pos, cfg.rope_theta, cfg.rope_style)
+                    maps.append(softmax_rows(qi @ kg.T / math.sqrt(d), cfg.causal))
+                o = (maps[0] - lam * maps[1]) @ vs[:, g]
+                if cfg.subln != "none":
+                    gain = sd[p + "self_attn.subln.weight"] if cfg.subln == "affine" else None
+                    o = rms(o, gain, cfg.subln_eps)
+                outs.append(o * (1 - lam_init))
+        else:
+            q_heads = 2 * heads if cfg.attention == "diff_v2" else heads
+            d = cfg.hidden_size // heads
+            qs, ks, vs = q.view(t, q_heads, d), k.view(t, kv_heads, d), v.view(t, kv_heads, d)
+            per_head = []
+            for j in range(q_heads):
+                g = j // (q_heads // kv_heads)
+                qj = rope(qs[:, j], pos, cfg.rope_theta, cfg.rope_style)
+                kg = rope(ks[:, g], pos, cfg.rope_theta, cfg.rope_style)
+                per_head.append(softmax_rows(qj @ kg.T / math.sqrt(d), cfg.causal) @ vs[:, g])
+            if cfg.attention == "diff_v2":
+                gate = torch.sigmoid(h @ sd[p + "self_attn.lambda_proj.weight"].T)  # (T, h)
+                outs = [per_head[2 * i] - gate[:, i : i + 1] * per_head[2 * i + 1] for i in range(heads)]
+            else:
+                outs = per_head
+        x = x + torch.cat(outs, dim=-1) @ sd[p + "self_attn.o_proj.weight"].T
+        h = rms(x, sd[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
+        gate = h @ sd[p + "mlp.gate_proj.weight"].T
+        x = (
+            x
+            + (gate * torch.sigmoid(gate) * (h @ sd[p + "mlp.up_proj.weight"].T))
+            @ sd[p + "mlp.down_proj.weight"].T
+        )
+    x = rms(x, sd["model.norm.weight"], cfg.rms_norm_eps)
+    head = sd["model.embed_tokens.weight"] if cfg.tie_word_embeddings else sd["lm_head.weight"]
+    return x @ head.T

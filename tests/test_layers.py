@@ -1,0 +1,77 @@
+"""Building blocks: rotary pairings, RMSNorm, and the attention modules used on their own."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from difftransformer.layers import (
+    DiffAttention,
+    RMSNorm,
+    RotaryEmbedding,
+    apply_rotary,
+    depth_lambda_init,
+    interleaved_to_half_permutation,
+)
+
+
+@pytest.mark.parametrize("style", ["interleaved", "half"])
+def test_rotary_is_a_rotation_that_depends_on_relative_position_only(style):
+    d, t = 16, 12
+    cos, sin = RotaryEmbedding(d)(torch.arange(t)[None], torch.float64)
+    q, k = torch.randn(1, t, d, dtype=torch.float64), torch.randn(1, t, d, dtype=torch.float64)
+    torch.testing.assert_close(apply_rotary(q, cos, sin, style).norm(dim=-1), q.norm(dim=-1))
+    # same q and k at positions (3, 1) and (9, 7): the logits agree
+    same = torch.randn(2, d, dtype=torch.float64)
+    q2 = q.clone()
+    k2 = k.clone()
+    q2[0, 3], k2[0, 1], q2[0, 9], k2[0, 7] = same[0], same[1], same[0], same[1]
+    rq2, rk2 = apply_rotary(q2, cos, sin, style), apply_rotary(k2, cos, sin, style)
+    torch.testing.assert_close(rq2[0, 3] @ rk2[0, 1], rq2[0, 9] @ rk2[0, 7])
+
+
+def test_rotary_styles_differ_by_a_fixed_permutation():
+    d = 8
+    cos, sin = RotaryEmbedding(d, theta=500.0)(torch.arange(5)[None], torch.float64)
+    x = torch.randn(1, 5, d, dtype=torch.float64)
+    perm = interleaved_to_half_permutation(d)
+    interleaved = apply_rotary(x, cos, sin, "interleaved")
+    half = apply_rotary(x[..., perm], cos, sin, "half")
+    torch.testing.assert_close(half, interleaved[..., perm])
+    angle = 4 * 500.0 ** (-2 * 1 / d)  # position 4, pair 1 = dims (2, 3)
+    expected = x[0, 4, 2] * math.cos(angle) - x[0, 4, 3] * math.sin(angle)
+    assert interleaved[0, 4, 2].item() == pytest.approx(expected.item(), abs=1e-12)
+
+
+def test_rotary_rejects_odd_width():
+    with pytest.raises(ValueError, match="even"):
+        RotaryEmbedding(7)
+
+
+def test_rms_norm_matches_its_definition():
+    x = torch.randn(3, 10, dtype=torch.float64) * 4
+    norm = RMSNorm(10, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(0.5, 1.5, 10))
+    expected = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * torch.linspace(0.5, 1.5, 10)
+    torch.testing.assert_close(norm(x), expected)
+    assert RMSNorm(10, elementwise_affine=False).weight is None
+
+
+def test_diff_attention_module_standalone_with_padding_mask():
+    torch.manual_seed(0)
+    attn = DiffAttention(64, num_heads=2, num_kv_heads=1, layer_idx=3, subln="plain").double()
+    assert attn.lambda_init == pytest.approx(depth_lambda_init(3))
+    x = torch.randn(2, 6, 64, dtype=torch.float64)
+    cos, sin = RotaryEmbedding(attn.head_dim)(torch.arange(6)[None].expand(2, -1), torch.float64)
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()[None, None].expand(2, 1, 6, 6).clone()
+    causal[1, ..., :2] = False  # the second sequence's first two tokens are padding
+    out_masked, maps = attn(x, (cos, sin), attention_mask=causal, output_component_maps=True)
+    combined, map1, map2 = maps
+    assert torch.all(map1[1, :, 2:, :2] == 0) and torch.all(map2[1, :, 2:, :2] == 0)
+    torch.testing.assert_close(combined, map1 - attn.lambda_full() * map2)
+    out_fast, none = attn(x, (cos, sin), attention_mask=causal)
+    assert none is None
+    torch.testing.assert_close(out_fast[:, 2:], out_masked[:, 2:])

@@ -1,0 +1,277 @@
+"""The models against an independent float64 implementation, the cache, generation and the HF plumbing."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, StaticCache
+
+from difftransformer import DiffTransformerConfig, DiffTransformerForCausalLM, DiffTransformerModel
+from difftransformer.layers import DiffAttention, attention_logits_hook
+from helpers import random_model, tiny_config
+from naive_model import naive_causal_lm
+
+DIFF_VARIANTS = [
+    dict(num_attention_heads=heads, num_key_value_heads=kv, rope_style=rope, subln=subln)
+    for heads, kv in [(2, 2), (2, 1)]
+    for rope in ("interleaved", "half")
+    for subln in ("affine", "plain", "none")
+]
+OTHER_VARIANTS = [
+    dict(attention="softmax", num_attention_heads=4, num_key_value_heads=4),
+    dict(attention="softmax", num_attention_heads=4, num_key_value_heads=2, rope_style="half"),
+    dict(attention="diff_v2", num_attention_heads=4, num_key_value_heads=4),
+    dict(attention="diff_v2", num_attention_heads=4, num_key_value_heads=2),
+    dict(attention="diff", lambda_init=0.5),
+    dict(attention="diff", causal=False),
+    dict(attention="diff", tie_word_embeddings=True),
+]
+ALL_KINDS = [dict(attention="diff", num_key_value_heads=1), OTHER_VARIANTS[1], OTHER_VARIANTS[3]]
+
+
+def variant_id(fields: dict) -> str:
+    return "-".join(f"{k}={v}" for k, v in fields.items())
+
+
+@pytest.mark.parametrize("fields", DIFF_VARIANTS + OTHER_VARIANTS, ids=variant_id)
+def test_logits_equal_independent_float64_implementation(fields):
+    model = random_model(seed=len(str(fields)), **fields)
+    ids = torch.randint(0, model.config.vocab_size, (2, 11))
+    logits = model(ids).logits
+    for b in range(2):
+        expected = naive_causal_lm(model.state_dict(), model.config, ids[b])
+        torch.testing.assert_close(logits[b], expected, atol=1e-10, rtol=1e-9)
+
+
+@pytest.mark.parametrize("fields", ALL_KINDS, ids=variant_id)
+def test_float32_model_is_close_to_float64(fields):
+    model64 = random_model(seed=1, **fields)
+    model32 = random_model(seed=1, dtype=torch.float32, **fields)
+    ids = torch.randint(0, 97, (2, 16))
+    torch.testing.assert_close(model32(ids).logits.double(), model64(ids).logits, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa"])
+@pytest.mark.parametrize("fields", ALL_KINDS, ids=variant_id)
+def test_every_backend_gives_the_same_model(fields, backend):
+    ids = torch.randint(0, 97, (2, 9))
+    auto = random_model(seed=2, **fields)
+    forced = random_model(seed=2, attention_backend=backend, **fields)
+    torch.testing.assert_close(forced(ids).logits, auto(ids).logits, atol=1e-10, rtol=1e-9)
+
+
+@pytest.mark.parametrize("fields", ALL_KINDS, ids=variant_id)
+def test_incremental_decoding_equals_full_forward(fields):
+    model = random_model(seed=3, **fields)
+    ids = torch.randint(0, 97, (2, 12))
+    full = model(ids).logits
+    out = model(ids[:, :5], use_cache=True)
+    steps = [out.logits]
+    for t in range(5, 12):
+        out = model(ids[:, t : t + 1], past_key_values=out.past_key_values, use_cache=True)
+        steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-10, rtol=1e-9)
+
+
+@pytest.mark.parametrize("fields", ALL_KINDS, ids=variant_id)
+def test_static_cache_decoding_equals_full_forward(fields):
+    model = random_model(seed=4, **fields)
+    ids = torch.randint(0, 97, (1, 10))
+    cache = StaticCache(config=model.config, max_cache_len=16)
+    out = model(ids[:, :6], past_key_values=cache, use_cache=True)
+    steps = [out.logits]
+    for t in range(6, 10):
+        steps.append(model(ids[:, t : t + 1], past_key_values=cache, use_cache=True).logits)
+    torch.testing.assert_close(torch.cat(steps, 1), model(ids).logits, atol=1e-10, rtol=1e-9)
+
+
+@pytest.mark.parametrize("fields", ALL_KINDS, ids=variant_id)
+def test_greedy_generate_same_with_and_without_cache(fields):
+    model = random_model(seed=5, **fields)
+    prompt = torch.randint(0, 97, (2, 6))
+    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    with_cache = model.generate(prompt, use_cache=True, **kwargs)
+    without = model.generate(prompt, use_cache=False, **kwargs)
+    assert with_cache.shape == (2, 14)
+    assert torch.equal(with_cache, without)
+
+
+@pytest.mark.parametrize("fields", ALL_KINDS, ids=variant_id)
+def test_left_padded_batch_matches_each_sequence_alone(fields):
+    model = random_model(seed=6, **fields)
+    long, short = torch.randint(1, 97, (9,)), torch.randint(1, 97, (5,))
+    batch = torch.zeros(2, 9, dtype=torch.long)
+    batch[0], batch[1, 4:] = long, short
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :4] = 0
+    logits = model(batch, attention_mask=mask).logits
+    torch.testing.assert_close(logits[0], model(long[None]).logits[0], atol=1e-10, rtol=1e-9)
+    torch.testing.assert_close(logits[1, 4:], model(short[None]).logits[0], atol=1e-10, rtol=1e-9)
+    generated = model.generate(batch, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    alone = model.generate(short[None], max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert torch.equal(generated[1, 9:], alone[0, 5:])
+
+
+def test_parameter_counts_differ_by_lambda_vectors_and_gain():
+    for subln, per_layer in [("affine", 6), ("plain", 4), ("none", 4)]:
+        config = tiny_config(num_hidden_layers=4, num_key_value_heads=1, subln=subln)
+        diff = DiffTransformerForCausalLM(config).num_parameters()
+        base = DiffTransformerForCausalLM(config.matched_baseline()).num_parameters()
+        assert diff - base == 4 * per_layer * config.head_dim
+    v2 = tiny_config(attention="diff_v2", num_attention_heads=4, num_key_value_heads=2)
+    d, heads = v2.head_dim, v2.num_attention_heads
+    extra = (
+        DiffTransformerForCausalLM(v2).num_parameters()
+        - DiffTransformerForCausalLM(v2.matched_baseline()).num_parameters()
+    )
+    assert extra == v2.num_hidden_layers * v2.hidden_size * heads * (d + 1)
+
+
+def test_matched_baseline_doubles_heads_and_keeps_the_rest():
+    config = tiny_config(num_attention_heads=2, num_key_value_heads=1, rope_style="half")
+    base = config.matched_baseline()
+    assert (base.attention, base.num_attention_heads, base.num_key_value_heads) == ("softmax", 4, 2)
+    assert base.head_dim == config.head_dim and base.rope_style == "half"
+    assert (
+        base.intermediate_size == config.intermediate_size
+        and base.num_hidden_layers == config.num_hidden_layers
+    )
+
+
+def test_lambda_init_schedule_and_lambda_std():
+    config = tiny_config(hidden_size=256, num_attention_heads=2, num_hidden_layers=12, lambda_std=0.25)
+    model = DiffTransformerForCausalLM(config)
+    attns = [layer.self_attn for layer in model.model.layers]
+    expected = [0.8 - 0.6 * math.exp(-0.3 * layer) for layer in range(12)]
+    assert [a.lambda_init for a in attns] == pytest.approx(expected, abs=1e-12)
+    assert attns[0].lambda_init == pytest.approx(0.2) and attns[1].lambda_init == pytest.approx(
+        0.35555, abs=1e-4
+    )
+    vectors = torch.cat(
+        [getattr(a, n).detach() for a in attns for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")]
+    )
+    assert vectors.dtype == torch.float32 and vectors.numel() == 12 * 4 * 64
+    assert vectors.std().item() == pytest.approx(0.25, rel=0.06)
+    assert abs(vectors.mean().item()) < 0.02
+    constant = DiffTransformerForCausalLM(tiny_config(lambda_init=0.8))
+    assert all(layer.self_attn.lambda_init == 0.8 for layer in constant.model.layers)
+
+
+@pytest.mark.parametrize("fields", ALL_KINDS, ids=variant_id)
+def test_gradients_reach_every_parameter(fields):
+    model = random_model(seed=7, dtype=torch.float32, **fields).train()
+    ids = torch.randint(0, 97, (2, 10))
+    model(ids, labels=ids).loss.backward()
+    for name, param in model.named_parameters():
+        assert param.grad is not None and param.grad.abs().sum() > 0, name
+
+
+def test_combined_maps_rows_sum_to_one_minus_lambda():
+    model = random_model(seed=8, num_key_value_heads=1)
+    out = model(torch.randint(0, 97, (2, 7)), output_attentions=True, output_hidden_states=True)
+    assert len(out.attentions) == 3 and len(out.hidden_states) == 4
+    for layer, maps in zip(model.model.layers, out.attentions):
+        assert maps.shape == (2, 2, 7, 7)
+        lam = layer.self_attn.lambda_full().double()
+        torch.testing.assert_close(maps.sum(-1), (1 - lam).expand(2, 2, 7))
+
+
+def test_logits_hook_sees_every_component_map_and_its_result_is_used():
+    model = random_model(seed=9, num_key_value_heads=1)
+    ids = torch.randint(0, 97, (1, 6))
+    plain = model(ids).logits
+    seen = []
+
+    def record(module, logits):
+        seen.append((module.layer_idx, tuple(logits.shape)))
+        return logits
+
+    with attention_logits_hook(model, record):
+        torch.testing.assert_close(model(ids).logits, plain)
+    assert seen == [(layer, (1, 4, 6, 6)) for layer in range(3)]
+    with attention_logits_hook(model, lambda module, logits: logits * 0):
+        flattened = model(ids).logits
+    assert not torch.allclose(flattened, plain)
+    assert all(m.logits_hook is None for m in model.modules() if isinstance(m, DiffAttention))
+
+
+def test_save_and_load_round_trip_bit_exactly(tmp_path):
+    model = random_model(seed=10, dtype=torch.float32, num_key_value_heads=1)
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").is_file()
+    assert AutoConfig.from_pretrained(tmp_path).model_type == "difftransformer"
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert isinstance(loaded, DiffTransformerForCausalLM)
+    original, restored = model.state_dict(), loaded.state_dict()
+    assert original.keys() == restored.keys()
+    assert all(torch.equal(original[k], restored[k]) for k in original)
+    ids = torch.randint(0, 97, (1, 8))
+    assert torch.equal(loaded(ids).logits, model(ids).logits)
+    assert isinstance(AutoModel.from_pretrained(tmp_path), DiffTransformerModel)
+
+
+def test_checkpoint_names_follow_the_llama_family():
+    names = set(random_model(num_key_value_heads=1).state_dict())
+    for expected in [
+        "model.embed_tokens.weight",
+        "model.layers.0.input_layernorm.weight",
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.lambda_k2",
+        "model.layers.0.self_attn.subln.weight",
+        "model.layers.0.post_attention_layernorm.weight",
+        "model.layers.0.mlp.down_proj.weight",
+        "model.norm.weight",
+        "lm_head.weight",
+    ]:
+        assert expected in names
+    assert "model.layers.2.self_attn.lambda_proj.weight" in set(
+        random_model(attention="diff_v2").state_dict()
+    )
+
+
+@pytest.mark.parametrize(
+    "fields, field_named",
+    [
+        (dict(hidden_size=30), "hidden_size"),
+        (dict(num_attention_heads=4, num_key_value_heads=3), "num_key_value_heads"),
+        (dict(hidden_size=24, num_attention_heads=4), "rotary width"),
+        (dict(attention="linear"), "attention"),
+        (dict(rope_style="neox"), "rope_style"),
+        (dict(subln="layernorm"), "subln"),
+        (dict(lambda_init="linear"), "lambda_init"),
+    ],
+)
+def test_bad_config_names_the_field(fields, field_named):
+    with pytest.raises(ValueError, match=field_named):
+        tiny_config(**fields)
+
+
+def test_bad_inputs_are_refused():
+    model = random_model()
+    with pytest.raises(ValueError, match="vocab_size=97"):
+        model(torch.tensor([[1, 97]]))
+    with pytest.raises(ValueError, match="vocab_size"):
+        model(torch.tensor([[-1, 3]]))
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(torch.ones(2, 4, dtype=torch.long), attention_mask=torch.ones(2, 6))
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(torch.ones(2, 4, dtype=torch.long), attention_mask=torch.ones(2, 1, 4, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="exactly one"):
+        model()
+
+
+def test_config_round_trips_through_json(tmp_path):
+    config = DiffTransformerConfig(
+        attention="diff_v2", num_attention_heads=8, lambda_init=0.5, rope_style="half"
+    )
+    config.save_pretrained(tmp_path)
+    loaded = AutoConfig.from_pretrained(tmp_path)
+    assert loaded.to_diff_dict() == config.to_diff_dict()
+    assert (loaded.attention, loaded.lambda_init, loaded.rope_style, loaded.head_dim) == (
+        "diff_v2",
+        0.5,
+        "half",
+        32,
+    )
