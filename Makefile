@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks scripts
+	$(VENV)/bin/ruff check .
 
 test: lint
 	$(PY) -m pytest -q -p no:cacheprovider
