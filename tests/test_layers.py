@@ -9,6 +9,7 @@ import torch
 
 from difftransformer.layers import (
     DiffAttention,
+    DiffAttentionV2,
     RMSNorm,
     RotaryEmbedding,
     apply_rotary,
@@ -75,3 +76,16 @@ def test_diff_attention_module_standalone_with_padding_mask():
     out_fast, none = attn(x, (cos, sin), attention_mask=causal)
     assert none is None
     torch.testing.assert_close(out_fast[:, 2:], out_masked[:, 2:])
+
+
+def test_diff_v2_component_maps_combine_with_a_per_token_sigmoid_lambda():
+    torch.manual_seed(1)
+    attn = DiffAttentionV2(64, num_heads=4, num_kv_heads=2, layer_idx=0).double()
+    x = torch.randn(2, 5, 64, dtype=torch.float64)
+    cos, sin = RotaryEmbedding(attn.head_dim)(torch.arange(5)[None].expand(2, -1), torch.float64)
+    out, (combined, first, second) = attn(x, (cos, sin), output_component_maps=True)
+    gate = torch.sigmoid(attn.lambda_proj(x)).transpose(1, 2).unsqueeze(-1)
+    torch.testing.assert_close(combined, first - gate * second)
+    torch.testing.assert_close(first.sum(-1), torch.ones(2, 4, 5, dtype=torch.float64))
+    fast, _ = attn(x, (cos, sin))
+    torch.testing.assert_close(fast, out)

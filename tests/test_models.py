@@ -168,6 +168,18 @@ def test_gradients_reach_every_parameter(fields):
         assert param.grad is not None and param.grad.abs().sum() > 0, name
 
 
+def test_gradient_checkpointing_gives_the_same_gradients():
+    model = random_model(seed=7, dtype=torch.float32, num_key_value_heads=1).train()
+    ids = torch.randint(0, 97, (2, 10))
+    model(ids, labels=ids).loss.backward()
+    plain = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model.gradient_checkpointing_enable()
+    model(ids, labels=ids).loss.backward()
+    for before, after in zip(plain, (p.grad for p in model.parameters())):
+        torch.testing.assert_close(after, before)
+
+
 def test_combined_maps_rows_sum_to_one_minus_lambda():
     model = random_model(seed=8, num_key_value_heads=1)
     out = model(torch.randint(0, 97, (2, 7)), output_attentions=True, output_hidden_states=True)

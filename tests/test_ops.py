@@ -16,7 +16,11 @@ from difftransformer.ops import (
     softmax_attention_reference,
 )
 
-TOL = {torch.float32: dict(atol=2e-5, rtol=2e-4), torch.float64: dict(atol=1e-10, rtol=1e-9)}
+TOL = {
+    torch.bfloat16: dict(atol=4e-2, rtol=4e-2),
+    torch.float32: dict(atol=2e-5, rtol=2e-4),
+    torch.float64: dict(atol=1e-10, rtol=1e-9),
+}
 
 
 @st.composite
@@ -29,7 +33,7 @@ def diff_problems(draw):
     kv_len = q_len + draw(st.sampled_from([0, 0, 1, 5]))  # below the key length: a KV cache
     causal = draw(st.booleans())
     mask_kind = draw(st.sampled_from(["none", "bool", "additive"]))
-    dtype = draw(st.sampled_from([torch.float32, torch.float64]))
+    dtype = draw(st.sampled_from([torch.float32, torch.float64, torch.bfloat16]))
     seed = draw(st.integers(0, 2**16))
     return batch, heads, kv_heads, d, q_len, kv_len, causal, mask_kind, dtype, seed
 

@@ -50,18 +50,22 @@ class DiffAttentionV2(SoftmaxAttention):
         attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states (B, T, d_model) -> (B, T, d_model), and the combined map (B, h, T, S) or None."""
+        output_component_maps: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | tuple[torch.Tensor, ...] | None]:
+        """hidden_states (B, T, d_model) -> (B, T, d_model), and the combined map (B, h, T, S) or None;
+        with ``output_component_maps``, (combined, A_{2i}, A_{2i+1}) each (B, h, T, S)."""
         batch, q_len, _ = hidden_states.shape
         q, k, v = self.project(hidden_states, position_embeddings, 2 * self.num_heads)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
-        out, probs = self.attend(q, k, v, attention_mask, output_attentions)
+        out, probs = self.attend(q, k, v, attention_mask, output_attentions or output_component_maps)
         lambdas = self.lambda_proj(hidden_states).transpose(1, 2).unsqueeze(-1)  # (B, h, T, 1)
         gate = torch.sigmoid(lambdas.to(torch.promote_types(lambdas.dtype, torch.float32)))
         pairs = out.unflatten(1, (self.num_heads, 2))
         out = pairs[:, :, 0] - gate.to(out.dtype) * pairs[:, :, 1]
-        if probs is not None:
-            probs = probs.unflatten(1, (self.num_heads, 2))
-            probs = probs[:, :, 0] - gate.to(probs.dtype) * probs[:, :, 1]
-        return self.o_proj(out.transpose(1, 2).reshape(batch, q_len, -1)), probs
+        out = self.o_proj(out.transpose(1, 2).reshape(batch, q_len, -1))
+        if probs is None:
+            return out, None
+        first, second = probs.unflatten(1, (self.num_heads, 2)).unbind(2)
+        combined = first - gate.to(probs.dtype) * second
+        return out, (combined, first, second) if output_component_maps else combined
