@@ -44,7 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     if command is not None and command not in COMMANDS:
         build_parser().error(f"unknown command {command!r}; expected one of {', '.join(COMMANDS)}")
     args = build_parser(command).parse_args(argv)
-    return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
+    try:
+        return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
+    except (ValueError, FileNotFoundError) as err:
+        # Bad input is the user's to fix: say what was wrong, without a traceback.
+        print(f"difftransformer {args.command}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

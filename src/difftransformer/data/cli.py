@@ -1,0 +1,112 @@
+"""`difftransformer prepare`: fetch the corpus, train (or load) the tokenizer, and cache the packed blocks."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from difftransformer.data.blocks import packed_blocks
+from difftransformer.data.corpus import CorpusError
+from difftransformer.data.files import load_corpus
+from difftransformer.data.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--data",
+        nargs="+",
+        metavar="SOURCE",
+        help="your own text instead of the built-in Shakespeare corpus: .txt/.md/.jsonl/.json files, globs "
+        "(quote them), folders (searched recursively), or a Hugging Face datasets name NAME[:CONFIG] "
+        "(needs the `datasets` package and a reachable hub)",
+    )
+    parser.add_argument(
+        "--text-field",
+        default="text",
+        help="the field holding the text in JSON/JSONL records (default: text)",
+    )
+    parser.add_argument(
+        "--output-dir",
+        default="runs/tokenizer",
+        help="where the tokenizer is saved; AutoTokenizer.from_pretrained(DIR) loads it (default: runs/tokenizer)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="use this saved tokenizer folder instead of training one (it is copied to --output-dir)",
+    )
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        default=4096,
+        help="vocabulary size of the trained BPE tokenizer (default: 4096)",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=256,
+        help="tokens per packed training block; train with the same value to reuse the cache (default: 256)",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        help="cache for the downloaded corpus and packed blocks (default: $DIFFTRANSFORMER_CACHE or "
+        "~/.cache/difftransformer)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the by-document split of --data (default: 0)"
+    )
+    parser.add_argument(
+        "--validation-fraction",
+        type=float,
+        default=0.05,
+        help="share of --data documents held out for validation (default: 0.05; the built-in corpus is split "
+        "by fixed plays)",
+    )
+    parser.add_argument(
+        "--test-fraction",
+        type=float,
+        default=0.05,
+        help="share of --data documents held out for testing (default: 0.05)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    corpus = load_corpus(
+        args.data,
+        cache_dir=args.cache_dir,
+        seed=args.seed,
+        validation_fraction=args.validation_fraction,
+        test_fraction=args.test_fraction,
+        text_field=args.text_field,
+    )
+    output = Path(args.output_dir)
+    if args.tokenizer:
+        tokenizer = load_tokenizer(args.tokenizer)
+    else:
+        print(
+            f"training a byte-level BPE tokenizer (vocabulary {args.vocab_size}) on {corpus.name} train split"
+        )
+        tokenizer = train_tokenizer(corpus.train, vocab_size=args.vocab_size)
+    save_tokenizer(tokenizer, output)
+
+    rows = []
+    for split, docs in (("train", corpus.train), ("validation", corpus.validation), ("test", corpus.test)):
+        if not docs:
+            rows.append((split, 0, 0, 0, 0))
+            continue
+        try:
+            blocks = packed_blocks(docs, tokenizer, args.block_size, cache_dir=args.cache_dir)
+        except CorpusError as err:
+            raise CorpusError(
+                f"--data {' '.join(args.data or ['(built-in)'])}, {split} split: {err}"
+            ) from err
+        rows.append((split, len(docs), sum(len(d) for d in docs), blocks.numel(), blocks.shape[0]))
+
+    print(f"\ncorpus {corpus.name}, block size {args.block_size}, vocabulary {len(tokenizer)}")
+    # Tokens are those in whole blocks: what training sees (each split drops its tail shorter than a block).
+    print(f"{'split':<12}{'documents':>11}{'characters':>14}{'tokens':>12}{'blocks':>9}")
+    for split, n_docs, chars, tokens, n_blocks in rows:
+        print(f"{split:<12}{n_docs:>11,}{chars:>14,}{tokens:>12,}{n_blocks:>9,}")
+    print(f"\ntokenizer saved to {output}")
+    return 0
