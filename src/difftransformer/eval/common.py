@@ -1,0 +1,220 @@
+"""What every evaluation task shares: loading a checkpoint, validating lengths, seeding, writing results."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def seed_everything(seed: int) -> np.random.Generator:
+    """Seed Python, NumPy and torch; return a NumPy generator for the task's own draws."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return np.random.default_rng(seed)
+
+
+def load_model_and_tokenizer(
+    path: str | os.PathLike,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    attn_implementation: str | None = None,
+    need_tokenizer: bool = True,
+) -> tuple[nn.Module, Any]:
+    """Load any local transformers causal LM (ours, a Llama, a DiffLlama) and its tokenizer, in eval mode.
+
+    Raises a ValueError naming the path when it is not a checkpoint directory or has no tokenizer, before
+    any weights are read.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import difftransformer  # noqa: F401  (registers model_type "difftransformer" with the Auto classes)
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"--model must be a checkpoint directory with a config.json; got {str(path)!r}")
+    tokenizer = None
+    if need_tokenizer:
+        tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+        if not any((path / name).is_file() for name in tokenizer_files):
+            raise ValueError(
+                f"--model {str(path)!r} has no tokenizer (expected one of {', '.join(tokenizer_files)}); "
+                "save the tokenizer next to the weights (tokenizer.save_pretrained(path))"
+            )
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    torch_dtype = getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise ValueError(f"dtype must be a torch dtype name such as float32 or bfloat16; got {dtype!r}")
+    kwargs: dict[str, Any] = {"dtype": torch_dtype}
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device).eval()
+    return model, tokenizer
+
+
+def is_difftransformer(model: nn.Module) -> bool:
+    """True for our own models, whose attention modules carry a ``logits_hook`` slot."""
+    return any(hasattr(m, "logits_hook") for m in model.modules())
+
+
+def max_context(model: nn.Module) -> int | None:
+    """The longest sequence the model's config admits (max_position_embeddings), or None if it names none."""
+    config = getattr(model, "config", None)
+    value = getattr(config, "max_position_embeddings", None)
+    return int(value) if value else None
+
+
+def check_context_length(model: nn.Module, length: int, what: str = "--context-lengths") -> None:
+    """Refuse a sequence length the model cannot take, before any long work."""
+    if length < 1:
+        raise ValueError(f"{what} must be positive; got {length}")
+    limit = max_context(model)
+    if limit is not None and length > limit:
+        raise ValueError(
+            f"{what}: {length} tokens exceeds the model's max_position_embeddings = {limit}; "
+            "choose a shorter length or a model trained (or extended) for longer contexts"
+        )
+
+
+def model_device(model: nn.Module) -> torch.device:
+    for param in model.parameters():
+        return param.device
+    return torch.device("cpu")
+
+
+def parse_list(text: str | Sequence, kind: type = int, name: str = "list") -> list:
+    """'1,2,4' -> [1, 2, 4]; a sequence passes through converted. Clear error on a bad item."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    try:
+        values = [kind(str(item).strip()) for item in items if str(item).strip()]
+    except ValueError as err:
+        raise ValueError(f"{name} must be comma-separated {kind.__name__} values; got {text!r}") from err
+    if not values:
+        raise ValueError(f"{name} must not be empty")
+    return values
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.generic,)):
+        value = value.item()
+    if isinstance(value, torch.Tensor):
+        return _jsonable(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+def _atomic_write(path: Path, write) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: str | os.PathLike, data: dict) -> Path:
+    """Write ``data`` as indented JSON atomically (temp file in the same folder, then os.replace)."""
+    path = Path(path)
+    text = json.dumps(_jsonable(data), indent=2, sort_keys=False) + "\n"
+    _atomic_write(path, lambda handle: handle.write(text.encode()))
+    return path
+
+
+def read_json(path: str | os.PathLike) -> dict:
+    """Read a results file; a corrupt one is refused with a message naming it."""
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON (corrupt or truncated results file): {err}") from err
+
+
+def save_figure(figure, path: str | os.PathLike) -> Path:
+    """Save a matplotlib figure as PNG atomically and close it."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    figure.tight_layout()
+    _atomic_write(path, lambda handle: figure.savefig(handle, format="png", dpi=120, bbox_inches="tight"))
+    plt.close(figure)
+    return path
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def load_texts(
+    text_files: Sequence[str | os.PathLike] | None = None, data: str | None = None, split: str = "test"
+) -> list[str]:
+    """Held-out documents: the user's text files (one document each) or a split of the built-in corpus.
+
+    Args:
+        text_files: paths of UTF-8 text files; when given, the corpus is not touched.
+        data: corpus name or path passed to ``difftransformer.data.load_corpus`` (None = built-in).
+        split: "test" or "validation".
+    """
+    if text_files:
+        texts = []
+        for name in text_files:
+            path = Path(name)
+            if not path.is_file():
+                raise ValueError(f"--text-file {str(path)!r} does not exist")
+            texts.append(path.read_text(encoding="utf-8"))
+        if not any(t.strip() for t in texts):
+            raise ValueError(f"--text-file {list(map(str, text_files))} contain no text")
+        return texts
+    if split not in ("test", "validation"):
+        raise ValueError(f"split must be 'test' or 'validation' (held-out text); got {split!r}")
+    try:
+        from difftransformer.data import load_corpus
+    except ImportError as err:
+        raise RuntimeError(
+            "the built-in corpus (difftransformer.data.load_corpus) is not available; pass --text-file"
+        ) from err
+    splits = load_corpus(data)
+    texts = list(getattr(splits, split))
+    if not texts:
+        raise ValueError(f"the {split} split of corpus {getattr(splits, 'name', data)!r} is empty")
+    return texts
+
+
+def token_stream(tokenizer, texts: Sequence[str], min_tokens: int) -> list[int]:
+    """Tokenize documents (without special tokens) and concatenate until at least ``min_tokens`` ids.
+
+    Documents are separated by the tokenizer's EOS id when it has one. Raises when the texts are too short.
+    """
+    ids: list[int] = []
+    eos = getattr(tokenizer, "eos_token_id", None)
+    for text in texts:
+        ids.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if eos is not None:
+            ids.append(eos)
+        if len(ids) >= min_tokens:
+            return ids
+    raise ValueError(f"the held-out texts give {len(ids)} tokens; at least {min_tokens} are needed")

