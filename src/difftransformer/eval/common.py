@@ -191,12 +191,8 @@ def load_texts(
         return texts
     if split not in ("test", "validation"):
         raise ValueError(f"split must be 'test' or 'validation' (held-out text); got {split!r}")
-    try:
-        from difftransformer.data import load_corpus
-    except ImportError as err:
-        raise RuntimeError(
-            "the built-in corpus (difftransformer.data.load_corpus) is not available; pass --text-file"
-        ) from err
+    from difftransformer.data import load_corpus
+
     splits = load_corpus(data)
     texts = list(getattr(splits, split))
     if not texts:
