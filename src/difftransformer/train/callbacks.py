@@ -1,0 +1,132 @@
+"""Trainer callbacks: a tqdm bar with loss, tokens/s and ETA, and metrics appended to a CSV file."""
+
+from __future__ import annotations
+
+import csv
+import os
+import time
+from pathlib import Path
+
+from tqdm.auto import tqdm
+from transformers import TrainerCallback
+
+CSV_FIELDS = (
+    "step",
+    "epoch",
+    "loss",
+    "eval_loss",
+    "eval_perplexity",
+    "learning_rate",
+    "grad_norm",
+    "tokens_per_second",
+    "wall_seconds",
+)
+
+
+class ProgressBar(TrainerCallback):
+    """One tqdm bar over optimizer steps (main process only): the latest training loss, validation loss and
+    tokens/s in its postfix; tqdm supplies the rate and ETA. ``tokens_per_step`` is the global batch in tokens."""
+
+    def __init__(self, tokens_per_step: int, desc: str = "train") -> None:
+        self.tokens_per_step = tokens_per_step
+        self.desc = desc
+        self.bar = None
+        self.postfix: dict[str, str] = {}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc=self.desc, unit="step")
+            self._start = (time.perf_counter(), state.global_step)
+        return control
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.bar is not None:
+            self.bar.update(state.global_step - self.bar.n)
+            elapsed = time.perf_counter() - self._start[0]
+            steps = state.global_step - self._start[1]
+            if elapsed > 0 and steps > 0:
+                self.postfix["tok/s"] = f"{steps * self.tokens_per_step / elapsed:,.0f}"
+            self.bar.set_postfix(self.postfix, refresh=False)
+        return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.bar is not None and logs:
+            if "loss" in logs:
+                self.postfix["loss"] = f"{logs['loss']:.3f}"
+            if "eval_loss" in logs:
+                self.postfix["val"] = f"{logs['eval_loss']:.3f}"
+            self.bar.set_postfix(self.postfix)
+        return control
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        return control
+
+
+class CsvMetrics(TrainerCallback):
+    """Appends one row per Trainer log to ``path`` (main process only) and flushes it, so a killed run keeps
+    every row it logged. A resumed run drops rows past its restart step first, so the file holds one history."""
+
+    def __init__(self, path: str | os.PathLike, tokens_per_step: int) -> None:
+        self.path = Path(path)
+        self.tokens_per_step = tokens_per_step
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self._truncate_after(state.global_step)
+            self._start = (time.perf_counter(), state.global_step)
+            if not self.path.exists():
+                self._rewrite([])
+        return control
+
+    def _truncate_after(self, step: int) -> None:
+        rows = read_metrics(self.path) if self.path.exists() else []
+        kept = [row for row in rows if int(row["step"]) <= step]
+        if len(kept) != len(rows) or not self.path.exists():
+            self._rewrite(kept)
+
+    def _rewrite(self, rows: list[dict[str, str]]) -> None:
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        with open(tmp, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, self.path)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs or not any(key in logs for key in CSV_FIELDS[2:]):
+            return control
+        elapsed = time.perf_counter() - self._start[0]
+        steps = state.global_step - self._start[1]
+        row = {key: logs[key] for key in CSV_FIELDS if key in logs}
+        row.update(step=state.global_step, epoch=state.epoch, wall_seconds=f"{elapsed:.3f}")
+        if "loss" in logs and elapsed > 0 and steps > 0:
+            row["tokens_per_second"] = f"{steps * self.tokens_per_step / elapsed:.1f}"
+        with open(self.path, "a", newline="") as handle:
+            csv.DictWriter(handle, fieldnames=CSV_FIELDS).writerow(row)
+            handle.flush()
+            os.fsync(handle.fileno())
+        return control
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, str]]:
+    """The rows of a metrics CSV written by :class:`CsvMetrics`; ValueError if its header is not ours."""
+    with open(path, newline="") as handle:
+        reader = csv.DictReader(handle)
+        if tuple(reader.fieldnames or ()) != CSV_FIELDS:
+            raise ValueError(
+                f"{path} is not a metrics file: header {reader.fieldnames}, expected {CSV_FIELDS}"
+            )
+        return list(reader)
+
+
+def column(rows: list[dict[str, str]], name: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of the rows where ``name`` is filled."""
+    steps, values = [], []
+    for row in rows:
+        if row.get(name):
+            steps.append(int(row["step"]))
+            values.append(float(row[name]))
+    return steps, values

@@ -1,0 +1,63 @@
+"""From a corpus to training tensors: tokenizer, packed blocks, and the retrieval mix-in, shared by ``train`` and
+``compare`` so both see the same data for the same options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from difftransformer.data import load_corpus, load_tokenizer, packed_blocks, train_tokenizer
+from difftransformer.train.retrieval import mix_in, needle_training_blocks
+
+
+@dataclass
+class PreparedData:
+    """Token blocks (n, block_size) int64 for training, validation (during training) and testing (after), the
+    tokenizer, the held-out documents (haystacks for retrieval checks) and how many training blocks hold needles."""
+
+    tokenizer: object
+    train_blocks: torch.Tensor
+    validation_blocks: torch.Tensor
+    test_blocks: torch.Tensor
+    test_texts: list[str]
+    needle_blocks: int
+    corpus_name: str
+
+
+def prepare_data(
+    *,
+    data: list[str] | None,
+    tokenizer_path: str | None,
+    vocab_size: int,
+    block_size: int,
+    needle_fraction: float,
+    seed: int = 0,
+    cache_dir: Path | None = None,
+) -> PreparedData:
+    """Load ``data`` (None: the built-in Shakespeare), train a byte-level BPE on its training split (or load
+    ``tokenizer_path``), pack every split into blocks, and replace ``needle_fraction`` of the training blocks with
+    multi-needle retrieval examples whose haystacks come from the training text."""
+    if not 0.0 <= needle_fraction < 1.0:
+        raise ValueError(f"needle_fraction must be in [0, 1); got {needle_fraction}")
+    corpus = load_corpus(data, cache_dir=cache_dir, seed=seed)
+    tokenizer = (
+        load_tokenizer(tokenizer_path) if tokenizer_path else train_tokenizer(corpus.train, vocab_size)
+    )
+    train = packed_blocks(corpus.train, tokenizer, block_size, cache_dir=cache_dir)
+    validation = packed_blocks(corpus.validation, tokenizer, block_size, cache_dir=cache_dir)
+    test = packed_blocks(corpus.test, tokenizer, block_size, cache_dir=cache_dir)
+    count = round(needle_fraction * train.shape[0])
+    if count:
+        needles = needle_training_blocks(train.flatten(), tokenizer, block_size, count, seed=seed)
+        train = mix_in(train, needles, seed=seed)
+    return PreparedData(
+        tokenizer=tokenizer,
+        train_blocks=train,
+        validation_blocks=validation,
+        test_blocks=test,
+        test_texts=list(corpus.test),
+        needle_blocks=count,
+        corpus_name=corpus.name,
+    )

@@ -1,0 +1,96 @@
+"""A report as a list of blocks (headings, paragraphs, tables, images), rendered to Markdown and to HTML."""
+
+from __future__ import annotations
+
+import html
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Report:
+    title: str
+    blocks: list[tuple[str, object]] = field(default_factory=list)
+
+    def heading(self, text: str) -> None:
+        self.blocks.append(("heading", text))
+
+    def paragraph(self, text: str) -> None:
+        self.blocks.append(("paragraph", text))
+
+    def table(self, header: list[str], rows: list[list[str]]) -> None:
+        self.blocks.append(("table", (header, rows)))
+
+    def image(self, filename: str, caption: str) -> None:
+        self.blocks.append(("image", (filename, caption)))
+
+    def markdown(self) -> str:
+        lines = [f"# {self.title}", ""]
+        for kind, value in self.blocks:
+            if kind == "heading":
+                lines += [f"## {value}", ""]
+            elif kind == "paragraph":
+                lines += [value, ""]
+            elif kind == "table":
+                header, rows = value
+                lines.append("| " + " | ".join(header) + " |")
+                lines.append("|" + "|".join("---" for _ in header) + "|")
+                lines += ["| " + " | ".join(row) + " |" for row in rows]
+                lines.append("")
+            else:
+                filename, caption = value
+                lines += [f"![{caption}]({filename})", ""]
+        return "\n".join(lines)
+
+    def html(self) -> str:
+        body = [f"<h1>{html.escape(self.title)}</h1>"]
+        for kind, value in self.blocks:
+            if kind == "heading":
+                body.append(f"<h2>{html.escape(value)}</h2>")
+            elif kind == "paragraph":
+                body.append(f"<p>{html.escape(value)}</p>")
+            elif kind == "table":
+                header, rows = value
+                cells = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+                trs = "".join(
+                    "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows
+                )
+                body.append(f"<table><thead><tr>{cells}</tr></thead><tbody>{trs}</tbody></table>")
+            else:
+                filename, caption = value
+                body.append(
+                    f'<figure><img src="{html.escape(filename)}" alt="{html.escape(caption)}">'
+                    f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+                )
+        style = (
+            "body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:collapse}"
+            "td,th{border:1px solid #bbb;padding:.3em .6em;text-align:right}img{max-width:100%}"
+        )
+        return (
+            f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(self.title)}</title>"
+            f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+        )
+
+    def write(self, folder: str | os.PathLike) -> tuple[Path, Path]:
+        """Write report.md and report.html into ``folder`` atomically; returns their paths."""
+        folder = Path(folder)
+        paths = []
+        for name, text in (("report.md", self.markdown()), ("report.html", self.html())):
+            path = folder / name
+            tmp = folder / f".{name}.tmp"
+            tmp.write_text(text)
+            os.replace(tmp, path)
+            paths.append(path)
+        return paths[0], paths[1]
+
+
+def mean_spread(values: list[float], digits: int = 3) -> str:
+    """'m' for one value, 'm ± s' (sample standard deviation) for several."""
+    if not values:
+        return "-"
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return f"{mean:.{digits}f}"
+    spread = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+    return f"{mean:.{digits}f} ± {spread:.{digits}f}"
