@@ -289,6 +289,7 @@ def run_needle(
     seed: int = 0,
     needle_template: str = NEEDLE_TEMPLATE,
     question_template: str = QUESTION_TEMPLATE,
+    number_digits: int = 6,
     output_dir=None,
     progress: bool = True,
 ) -> dict:
@@ -320,6 +321,7 @@ def run_needle(
                             tokenizer, stream, context_tokens=length, num_needles=n, num_queries=r,
                             depth=depth, rng=rng, needle_template=needle_template,
                             question_template=question_template,
+                            number_digits=number_digits,
                         )  # fmt: skip
                         hits.extend(score_sample(model, tokenizer, sample))
                         bar.update(1)

@@ -7,10 +7,11 @@ import math
 
 from transformers import PreTrainedConfig
 
+from difftransformer.ops import BACKENDS as ATTENTION_BACKENDS
+
 ATTENTION_KINDS: tuple[str, ...] = ("diff", "diff_v2", "softmax")
 ROPE_STYLES: tuple[str, ...] = ("interleaved", "half")
 SUBLN_MODES: tuple[str, ...] = ("affine", "plain", "none")
-ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "reference", "sdpa")
 
 
 class DiffTransformerConfig(PreTrainedConfig):
@@ -37,7 +38,9 @@ class DiffTransformerConfig(PreTrainedConfig):
         max_position_embeddings: longest sequence the model is meant for (checked on input).
         initializer_range: std of the normal init of linear and embedding weights.
         causal: causal self-attention (False gives an encoder).
-        attention_backend: "auto", "reference" (materialized, exact) or "sdpa" (fused kernels).
+        attention_backend: "auto" (chosen per device, dtype and shape), "reference" (materialized, exact),
+            "sdpa" (two fused SDPA calls over V's halves), "blocked" (the baseline's FLOPs, one query block at a
+            time) or "decode" (a few queries: K and V read once). See docs/performance.md.
         tie_word_embeddings: share the embedding and lm_head weights.
     """
 

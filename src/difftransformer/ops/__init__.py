@@ -1,7 +1,9 @@
 """Attention operators: exact references beside fused fast paths, one function per operator."""
 
+from difftransformer.ops.blocked import diff_attention_blocked
 from difftransformer.ops.common import additive_to_bool, build_attend_mask
-from difftransformer.ops.diff_attention import BACKENDS, diff_attention
+from difftransformer.ops.decode import diff_attention_decode
+from difftransformer.ops.diff_attention import BACKENDS, choose_backend, diff_attention
 from difftransformer.ops.reference import diff_attention_reference, masked_softmax
 from difftransformer.ops.sdpa import diff_attention_sdpa
 from difftransformer.ops.softmax import softmax_attention, softmax_attention_reference
@@ -10,7 +12,10 @@ __all__ = [
     "BACKENDS",
     "additive_to_bool",
     "build_attend_mask",
+    "choose_backend",
     "diff_attention",
+    "diff_attention_blocked",
+    "diff_attention_decode",
     "diff_attention_reference",
     "diff_attention_sdpa",
     "masked_softmax",

@@ -141,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
         vocab_size=preset.vocab_size,
         block_size=preset.block_size,
         needle_fraction=preset.needle_fraction,
+        needle_digits=preset.needle_digits,
         seed=args.seed,
         cache_dir=args.cache_dir,
     )

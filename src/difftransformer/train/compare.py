@@ -175,6 +175,7 @@ def train_and_evaluate(
             context_lengths=(preset.block_size,),
             needle_configs=args.needles,
             samples=args.needle_samples,
+            number_digits=preset.needle_digits,
             seed=1234,
             progress=True,
         )
@@ -369,6 +370,8 @@ def verdict(records: list[RunRecord], variants: list[str]) -> str:
             for v in variants
         }
         top = max(acc, key=acc.get)
+        if all(acc[v] == acc[top] for v in variants):
+            return text + f" Retrieval accuracy: a tie at {acc[top]:.2f}."
         text += (
             f" Best mean retrieval accuracy: {LABELS[top]} ({acc[top]:.2f}; "
             + ", ".join(f"{LABELS[v]} {acc[v]:.2f}" for v in variants if v != top)
@@ -437,6 +440,7 @@ def run(args: argparse.Namespace) -> int:
         vocab_size=preset.vocab_size,
         block_size=preset.block_size,
         needle_fraction=preset.needle_fraction,
+        needle_digits=preset.needle_digits,
         seed=0,
         cache_dir=args.cache_dir,
     )

@@ -33,6 +33,7 @@ def prepare_data(
     vocab_size: int,
     block_size: int,
     needle_fraction: float,
+    needle_digits: int = 6,
     seed: int = 0,
     cache_dir: Path | None = None,
 ) -> PreparedData:
@@ -50,7 +51,9 @@ def prepare_data(
     test = packed_blocks(corpus.test, tokenizer, block_size, cache_dir=cache_dir)
     count = round(needle_fraction * train.shape[0])
     if count:
-        needles = needle_training_blocks(train.flatten(), tokenizer, block_size, count, seed=seed)
+        needles = needle_training_blocks(
+            train.flatten(), tokenizer, block_size, count, number_digits=needle_digits, seed=seed
+        )
         train = mix_in(train, needles, seed=seed)
     return PreparedData(
         tokenizer=tokenizer,

@@ -20,7 +20,8 @@ class Preset:
     Model: ``hidden_size`` (d_model), ``num_hidden_layers``, ``diff_heads`` (h, so the baseline has 2h heads of
     width hidden_size / 2h), ``intermediate_size`` (None: 8/3 d_model rounded up to 64), ``block_size``
     (training sequence length). Training: the ``TrainingArguments`` of the same names; ``needle_fraction`` is the
-    share of training blocks replaced by multi-needle retrieval examples (0 disables them).
+    share of training blocks replaced by multi-needle retrieval examples (0 disables them), whose magic numbers
+    have ``needle_digits`` digits (also in the retrieval evaluation).
     """
 
     name: str
@@ -45,6 +46,7 @@ class Preset:
     save_steps: int = 500
     eval_blocks: int | None = None
     needle_fraction: float = 0.0
+    needle_digits: int = 6
     description: str = ""
 
     def model_config(self, attention: str = "diff", **fields) -> DiffTransformerConfig:
@@ -131,15 +133,16 @@ PRESETS: dict[str, Preset] = {
             intermediate_size=384,
             block_size=256,
             vocab_size=4096,
-            max_steps=200,
+            max_steps=500,
             per_device_train_batch_size=8,
             learning_rate=2e-3,
-            warmup_steps=20,
+            warmup_steps=30,
             logging_steps=10,
-            eval_steps=50,
-            save_steps=100,
+            eval_steps=100,
+            save_steps=250,
             eval_blocks=32,
-            needle_fraction=0.25,
+            needle_fraction=0.5,
+            needle_digits=3,
             description="the CPU demo (make demo): minutes on 2 cores, with multi-needle retrieval blocks mixed in",
         ),
         Preset(

@@ -25,6 +25,7 @@ def needle_training_blocks(
     *,
     max_needles: int = 4,
     max_queries: int = 2,
+    number_digits: int = 6,
     seed: int = 0,
 ) -> torch.Tensor:
     """(count, block_size) int64 retrieval blocks with 1..max_needles needles at uniform random depths, each
@@ -47,6 +48,7 @@ def needle_training_blocks(
             num_queries=queries,
             depth=float(rng.random()),
             rng=rng,
+            number_digits=number_digits,
         )
         which = int(rng.integers(0, queries))
         row = sample.prompt_ids[which] + sample.answer_ids[which]

@@ -1,0 +1,134 @@
+"""The benchmark's outputs: a ratio table (text), JSON and a PNG of the ratios, written atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+# The issue's targets (2 CPU cores, fp32): DIFF / baseline at most this, per (section, setting) prefix.
+TARGETS = {("train", "T=512"): 1.20, ("train", "T=2048"): 1.30, ("decode", ""): 1.05, ("memory", ""): 1.10}
+
+
+def target_for(section: str, setting: str) -> float | None:
+    for (sec, prefix), limit in TARGETS.items():
+        if sec == section and setting.startswith(prefix):
+            return limit
+    return None
+
+
+def ratio_row(
+    section: str, setting: str, unit: str, values: dict[str, float], lower_is_better: bool = True
+) -> dict:
+    """One table row: the contenders' values and the ratios DIFF/baseline and DIFF/DiffLlama.
+
+    Ratios are always expressed as DIFF's cost over the other's (time, bytes, or 1 / tokens-per-second), so
+    below 1 means DIFF is cheaper.
+    """
+
+    def cost_ratio(other: str) -> float | None:
+        if "diff" not in values or other not in values:
+            return None
+        a, b = values["diff"], values[other]
+        return a / b if lower_is_better else b / a
+
+    limit = target_for(section, setting)
+    ratio = cost_ratio("baseline")
+    return dict(
+        section=section,
+        setting=setting,
+        unit=unit,
+        values=values,
+        diff_over_baseline=ratio,
+        diff_over_diffllama=cost_ratio("diffllama"),
+        target=limit,
+        met=None if limit is None or ratio is None else ratio <= limit,
+    )
+
+
+def _fmt(value: float | None, spec: str = ".3g") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(rows: list[dict]) -> str:
+    """Plain-text table, one line per row; the ratio columns are DIFF's cost over each other contender's."""
+    head = (
+        f"{'section':<8} {'setting':<24} {'unit':<9} {'DIFF':>9} {'baseline':>9} {'DiffLlama':>9} "
+        f"{'DIFF/base':>9} {'DIFF/DL':>8} {'target':>7}"
+    )
+    lines = [head, "-" * len(head)]
+    for row in rows:
+        vals = row["values"]
+        met = "" if row["met"] is None else (" ok" if row["met"] else " MISS")
+        lines.append(
+            f"{row['section']:<8} {row['setting']:<24} {row['unit']:<9} {_fmt(vals.get('diff')):>9} "
+            f"{_fmt(vals.get('baseline')):>9} {_fmt(vals.get('diffllama')):>9} "
+            f"{_fmt(row['diff_over_baseline'], '.3f'):>9} {_fmt(row['diff_over_diffllama'], '.3f'):>8} "
+            f"{_fmt(row['target'], '.2f'):>7}{met}"
+        )
+    return "\n".join(lines)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write to a temporary file beside ``path``, then rename over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_json(path: Path, payload: dict) -> None:
+    write_atomic(path, (json.dumps(payload, indent=2) + "\n").encode())
+
+
+def load_json(path: Path) -> dict:
+    """Read a results file written by :func:`write_json`; a corrupt one is refused with its path."""
+    try:
+        payload = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"cannot read benchmark results {path}: {err}") from err
+    if not isinstance(payload, dict) or "rows" not in payload:
+        raise ValueError(f"{path} is not a benchmark results file (no 'rows')")
+    return payload
+
+
+def plot_ratios(path: Path, rows: list[dict], title: str) -> None:
+    """Horizontal bars of DIFF/baseline and DIFF/DiffLlama per row, with the targets marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in rows if r["diff_over_baseline"] is not None]
+    labels = [f"{r['section']} {r['setting']}" for r in shown]
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(shown) + 1.5))
+    ys = range(len(shown))
+    ax.barh(
+        [y - 0.2 for y in ys], [r["diff_over_baseline"] for r in shown], height=0.4, label="DIFF / baseline"
+    )
+    ax.barh(
+        [y + 0.2 for y in ys],
+        [r["diff_over_diffllama"] or 0.0 for r in shown],
+        height=0.4,
+        label="DIFF / DiffLlama",
+    )
+    for y, r in zip(ys, shown):
+        if r["target"] is not None:
+            ax.plot([r["target"]] * 2, [y - 0.45, y + 0.45], color="black", linewidth=2)
+    ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set_yticks(list(ys), labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("DIFF's cost over the other's (below 1: DIFF cheaper); black ticks: targets")
+    ax.set_title(title)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, path)

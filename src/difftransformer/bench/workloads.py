@@ -1,0 +1,208 @@
+"""What `difftransformer bench` measures: the attention operator, a train step, greedy decode, peak memory.
+
+Contenders share one random init: the baseline is built from the same seed, and DiffLlama is converted
+from our DIFF model (:func:`difftransformer.convert.to_diffllama`), so it computes the same function.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from difftransformer import DiffTransformerConfig, DiffTransformerForCausalLM
+from difftransformer.ops import diff_attention
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchShape:
+    """The benchmark's model: DIFF with ``diff_heads`` heads = a baseline with twice as many."""
+
+    d_model: int = 256
+    layers: int = 4
+    diff_heads: int = 4
+    vocab: int = 4096
+    batch: int = 4
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // (2 * self.diff_heads)
+
+
+def diff_config(shape: BenchShape, max_len: int) -> DiffTransformerConfig:
+    return DiffTransformerConfig(
+        vocab_size=shape.vocab,
+        hidden_size=shape.d_model,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.diff_heads,
+        max_position_embeddings=max_len,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
+def build_models(
+    shape: BenchShape, max_len: int, device: torch.device, dtype: torch.dtype, seed: int
+) -> dict[str, nn.Module]:
+    """{"diff", "baseline", "diffllama"}: DIFF, matched_baseline() and transformers' DiffLlama, same init."""
+    from difftransformer.convert import to_diffllama  # transformers' DiffLlama only when benchmarked
+
+    config = diff_config(shape, max_len)
+    torch.manual_seed(seed)
+    diff = DiffTransformerForCausalLM(config)
+    torch.manual_seed(seed)
+    baseline = DiffTransformerForCausalLM(config.matched_baseline())
+    diffllama = to_diffllama(diff)
+    return {name: m.to(device=device, dtype=dtype) for name, m in [
+        ("diff", diff), ("baseline", baseline), ("diffllama", diffllama)
+    ]}  # fmt: skip
+
+
+def random_ids(shape: BenchShape, length: int, device: torch.device, seed: int, batch: int | None = None):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, shape.vocab, (shape.batch if batch is None else batch, length), generator=gen)
+    return ids.to(device)
+
+
+# ---- the attention operator ------------------------------------------------------------------------------
+
+
+def op_contenders(
+    shape: BenchShape,
+    length: int,
+    batch: int,
+    backends: list[str],
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int,
+) -> dict[str, Callable[[], None]]:
+    """Causal attention forward + backward: the baseline's SDPA over 2h heads of width d, and DIFF per backend
+    over h heads of width 2d (the layouts each model feeds its operator)."""
+    gen = torch.Generator().manual_seed(seed)
+    maps, d = 2 * shape.diff_heads, shape.head_dim
+
+    def leaf(*size: int) -> torch.Tensor:
+        return torch.randn(*size, generator=gen).to(device=device, dtype=dtype).requires_grad_()
+
+    base_qkv = [leaf(batch, maps, length, d) for _ in range(3)]
+    base_grad = torch.randn(batch, maps, length, d, generator=gen).to(device=device, dtype=dtype)
+    diff_qkv = [leaf(batch, shape.diff_heads, length, 2 * d) for _ in range(3)]
+    diff_grad = torch.randn(batch, shape.diff_heads, length, 2 * d, generator=gen).to(
+        device=device, dtype=dtype
+    )
+    lam = torch.tensor(0.5, device=device, requires_grad=True)
+
+    def baseline() -> None:
+        out = F.scaled_dot_product_attention(*base_qkv, is_causal=True)
+        torch.autograd.grad(out, base_qkv, base_grad)
+
+    def diff(backend: str) -> Callable[[], None]:
+        def run() -> None:
+            out = diff_attention(*diff_qkv, lam, causal=True, backend=backend)
+            torch.autograd.grad(out, [*diff_qkv, lam], diff_grad)
+
+        return run
+
+    return {"baseline": baseline, **{f"diff[{b}]": diff(b) for b in backends}}
+
+
+# ---- a train step ------------------------------------------------------------------------------------------
+
+
+def train_step_fn(model: nn.Module, ids: torch.Tensor, lr: float = 1e-4) -> Callable[[], None]:
+    """Forward with the LM loss, backward, AdamW step (state is created on the first call: warm up first)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+
+    def step() -> None:
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step.optimizer = optimizer  # type: ignore[attr-defined]
+    return step
+
+
+# ---- greedy decode ----------------------------------------------------------------------------------------
+
+
+class GreedyDecode:
+    """Prefill a prompt into a DynamicCache, then ``new_tokens`` greedy steps of one token each.
+
+    Calling it runs both; ``decode_s`` collects the wall time of the decode steps alone (prefill excluded),
+    the figure tokens/s is computed from.
+    """
+
+    def __init__(self, model: nn.Module, prompt: torch.Tensor, new_tokens: int) -> None:
+        self.model, self.prompt, self.new_tokens = model.eval(), prompt, new_tokens
+        self.decode_s: list[float] = []
+        self.tokens: torch.Tensor | None = None
+
+    @torch.inference_mode()
+    def __call__(self) -> None:
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=self.prompt, past_key_values=cache, use_cache=True)
+        token = out.logits[:, -1:].argmax(-1)
+        generated = [token]
+        start = time.perf_counter()
+        for _ in range(self.new_tokens - 1):
+            out = self.model(input_ids=token, past_key_values=out.past_key_values, use_cache=True)
+            token = out.logits[:, -1:].argmax(-1)
+            generated.append(token)
+        if token.device.type == "cuda":
+            torch.cuda.synchronize(token.device)
+        self.decode_s.append(time.perf_counter() - start)
+        self.tokens = torch.cat(generated, dim=1)
+
+
+# ---- peak memory ------------------------------------------------------------------------------------------
+
+
+def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes held between steps: parameters and the optimizer's state tensors."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    for state in optimizer.state.values():
+        total += sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
+    return total
+
+
+def step_peak_bytes(step: Callable[[], None], device: torch.device) -> int:
+    """Peak bytes allocated by torch during one call of ``step``, above what was allocated when it began.
+
+    CUDA: ``torch.cuda.max_memory_allocated``. CPU: the profiler's allocator events (``profile_memory``):
+    each carries the running total of bytes allocated since profiling began, so their maximum is the step's
+    peak. Both count tensor memory only (no allocator caching, no Python objects), the same way for everyone.
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(trace)
+        with open(trace) as f:
+            events = json.load(f)["traceEvents"]
+    totals = [
+        e["args"]["Total Allocated"]
+        for e in events
+        if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0
+    ]
+    return max(totals, default=0)

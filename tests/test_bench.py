@@ -1,0 +1,116 @@
+"""The benchmark command's parts: timing, workloads, memory measurement, reports and the CLI end to end."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from difftransformer.bench import cli
+from difftransformer.bench.check import CASES, check_backends
+from difftransformer.bench.report import format_table, load_json, ratio_row, write_json
+from difftransformer.bench.timing import interleaved_medians
+from difftransformer.bench.workloads import (
+    BenchShape,
+    GreedyDecode,
+    build_models,
+    random_ids,
+    step_peak_bytes,
+)
+
+TINY = BenchShape(d_model=32, layers=1, diff_heads=2, vocab=64, batch=2)
+
+
+def test_interleaved_medians_runs_each_contender_in_turn():
+    calls = []
+    result = interleaved_medians(
+        {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+        repeats=5,
+        warmup=1,
+        device=torch.device("cpu"),
+        desc="t",
+    )
+    assert calls == ["a", "b"] + ["a", "b"] * 5
+    assert len(result["a"]["runs_s"]) == 5 and result["a"]["median_s"] >= 0
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        interleaved_medians({}, repeats=0, warmup=0, device=torch.device("cpu"), desc="t")
+
+
+def test_ratio_rows_express_diff_cost_and_targets():
+    row = ratio_row("train", "T=512 B=4", "ms/step", dict(diff=130.0, baseline=100.0, diffllama=260.0))
+    assert row["diff_over_baseline"] == pytest.approx(1.3) and row["diff_over_diffllama"] == pytest.approx(
+        0.5
+    )
+    assert row["target"] == 1.20 and row["met"] is False
+    # tokens/s: higher is better, so the cost ratio inverts
+    fast = ratio_row("decode", "B=1", "tok/s", dict(diff=100.0, baseline=104.0), lower_is_better=False)
+    assert fast["diff_over_baseline"] == pytest.approx(1.04) and fast["met"] is True
+    table = format_table([row, fast])
+    assert "MISS" in table and " ok" in table and "1.300" in table
+
+
+def test_results_are_written_atomically_and_corrupt_files_refused(tmp_path):
+    path = tmp_path / "r.json"
+    write_json(path, {"rows": [1]})
+    assert load_json(path) == {"rows": [1]} and [p.name for p in tmp_path.iterdir()] == ["r.json"]
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="cannot read benchmark results"):
+        load_json(path)
+
+
+def test_step_peak_bytes_sees_a_transient_allocation():
+    def step():
+        big = torch.ones(1 << 20)  # 4 MiB, freed at once
+        return float(big.sum())
+
+    peak = step_peak_bytes(step, torch.device("cpu"))
+    assert 4 << 20 <= peak < 6 << 20
+
+
+def test_contenders_share_one_function_and_decode_greedily():
+    models = build_models(TINY, 24, torch.device("cpu"), torch.float64, seed=3)
+    ids = random_ids(TINY, 10, torch.device("cpu"), seed=3)
+    diff_logits = models["diff"](ids).logits
+    torch.testing.assert_close(models["diffllama"](ids).logits, diff_logits)
+    assert not torch.allclose(models["baseline"](ids).logits, diff_logits)  # a different model, same seed
+    run = GreedyDecode(models["diff"], ids, new_tokens=5)
+    run()
+    expected = models["diff"].generate(ids, max_new_tokens=5, do_sample=False, eos_token_id=None)
+    assert torch.equal(run.tokens, expected[:, 10:]) and len(run.decode_s) == 1
+
+
+def test_check_passes_on_cpu_for_the_fast_paths():
+    small = tuple(c for c in CASES if c.q_len * c.kv_len < 50_000)
+    rows = check_backends(torch.device("cpu"), torch.float32, backends=("blocked", "decode"), cases=small)
+    assert rows and all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.configure(parser)
+    return parser.parse_args(argv)
+
+
+def test_bench_command_end_to_end(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    args = parse(
+        "--d-model 32 --layers 1 --heads 2 --vocab 64 --batch 2 --op-lengths 24 --op-batch 1 "
+        f"--train-lengths 24 --decode-batches 1 2 --prompt-len 8 --new-tokens 4 --warmup 0 --output {out}".split()
+    )
+    assert cli.run(args) == 0
+    payload = json.loads(out.read_text())
+    sections = [r["section"] for r in payload["rows"]]
+    assert sections == ["op"] * 3 + ["train", "decode", "decode", "memory"]
+    assert all(r["diff_over_baseline"] > 0 for r in payload["rows"])
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert "DIFF/base" in capsys.readouterr().out
+
+
+def test_bench_command_refuses_bad_options():
+    with pytest.raises(SystemExit, match="repeats must be at least 5"):
+        cli.run(parse(["--repeats", "3"]))
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="CUDA is not available"):
+            cli.run(parse(["--device", "cuda"]))
