@@ -15,6 +15,7 @@ from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.checkpoints import COMPLETE_MARKER, checkpoint_problem, last_good_checkpoint
 from difftransformer.train.lock import RunDirectoryLocked, RunLock
 from difftransformer.train.presets import PRESETS, get_preset
+from difftransformer.train.retrieval import mix_in
 from difftransformer.train.runner import METRICS_CSV, TrainOptions, train_model
 from test_train_support import pack, small_tokenizer, synthetic_texts
 
@@ -202,3 +203,15 @@ def test_generate_greedy_and_sampled(tmp_path, data, capsys):
         generate.run(parser.parse_args([str(tmp_path), "--prompt", "x", "--top-p", "1.5"]))
     with pytest.raises(ValueError, match="config.json"):
         generate.run(parser.parse_args([str(tmp_path / "nothing"), "--prompt", "x"]))
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_retrieval_blocks_are_spread_through_the_training_order(seed):
+    """The Trainer's sampler visits torch.randperm(n) seeded with the run seed: the mixed-in retrieval blocks
+    must not be exactly the ones it visits first (which would train retrieval first and plain text last)."""
+    plain = torch.zeros(1000, 4, dtype=torch.long)
+    mixed = mix_in(plain, torch.ones(500, 4, dtype=torch.long), seed=seed)
+    order = torch.randperm(1000, generator=torch.Generator().manual_seed(seed))
+    first_half_share = mixed[order[:500], 0].float().mean().item()
+    assert 0.4 < first_half_share < 0.6
+    assert int(mixed[:, 0].sum()) == 500

@@ -65,6 +65,9 @@ def mix_in(blocks: torch.Tensor, extra: torch.Tensor, seed: int = 0) -> torch.Te
     if extra.shape[0] > blocks.shape[0]:
         raise ValueError(f"cannot mix {extra.shape[0]} blocks into {blocks.shape[0]}")
     mixed = blocks.clone()
-    where = torch.randperm(blocks.shape[0], generator=torch.Generator().manual_seed(seed))[: extra.shape[0]]
+    # A stream of its own: the Trainer's sampler draws torch.randperm(n) from the same seed, and positions
+    # drawn that way would be the first ones it visits (every retrieval block first, then plain text only).
+    rng = np.random.default_rng([seed, 0x6D6978])
+    where = torch.from_numpy(rng.permutation(blocks.shape[0])[: extra.shape[0]])
     mixed[where] = extra
     return mixed
