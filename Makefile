@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 test: lint
 	$(PY) -m pytest -q -p no:cacheprovider
