@@ -225,16 +225,6 @@ def score_sample(model: nn.Module, tokenizer, sample: NeedleSample) -> list[bool
     return hits
 
 
-def haystack_stream(tokenizer, texts: Sequence[str], min_tokens: int) -> list[int]:
-    """Tokenize the haystack documents once (newline-joined) and check there are enough tokens."""
-    stream = _encode(tokenizer, "\n".join(texts))
-    if len(stream) < min_tokens:
-        raise ValueError(
-            f"the haystack texts give {len(stream)} tokens; the longest context needs {min_tokens}"
-        )
-    return stream
-
-
 def parse_needle_configs(text: str) -> list[tuple[int, int]]:
     """'1:1,2:2,4:2' -> [(1, 1), (2, 2), (4, 2)] as (N needles, R queries)."""
     configs = []
@@ -252,7 +242,14 @@ def parse_needle_configs(text: str) -> list[tuple[int, int]]:
 
 
 def validate_needle_run(
-    model, tokenizer, stream_len, context_lengths, configs, needle_template, question_template
+    model,
+    tokenizer,
+    stream_len,
+    context_lengths,
+    configs,
+    needle_template,
+    question_template,
+    number_digits=6,
 ):
     """Refuse impossible grids before any decoding: lengths the model cannot take, needles that cannot fit."""
     for length in context_lengths:
@@ -262,7 +259,8 @@ def validate_needle_run(
             if n > len(CITIES):
                 raise ValueError(f"--needles: N={n} exceeds the {len(CITIES)} available cities")
             needle_len = max(
-                len(_encode(tokenizer, needle_template.format(city=c, number="9" * 6))) for c in CITIES[:n]
+                len(_encode(tokenizer, needle_template.format(city=c, number="9" * number_digits)))
+                for c in CITIES[:n]
             )
             question = question_template.format(cities=", ".join(CITIES[:r]), city=CITIES[0])
             need = n * needle_len + len(_encode(tokenizer, question)) + 1
@@ -306,7 +304,14 @@ def run_needle(
             raise ValueError(f"depths must lie in [0, 1]; got {d}")
     stream = _encode(tokenizer, "\n".join(haystack_texts))
     validate_needle_run(
-        model, tokenizer, len(stream), context_lengths, needle_configs, needle_template, question_template
+        model,
+        tokenizer,
+        len(stream),
+        context_lengths,
+        needle_configs,
+        needle_template,
+        question_template,
+        number_digits,
     )
     rng = np.random.default_rng(seed)
     total = len(needle_configs) * len(context_lengths) * len(depths) * samples
