@@ -35,6 +35,7 @@ PRESET_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("vocab_size", int, "vocabulary of the BPE tokenizer trained on the data (ignored with --tokenizer)"),
     ("eval_blocks", int, "validation blocks used by the periodic evaluation (all of them when unset)"),
     ("needle_fraction", float, "share of training blocks replaced by multi-needle retrieval examples"),
+    ("needle_digits", int, "digits of the magic numbers in the retrieval examples and their evaluation"),
 )
 
 
@@ -110,26 +111,16 @@ def resolved_preset(args: argparse.Namespace) -> Preset:
 def options_for(
     preset: Preset, args: argparse.Namespace, output_dir: str, desc: str = "train"
 ) -> TrainOptions:
+    # The preset's recipe fields carry the TrainOptions (TrainingArguments) names: copy every one they share.
+    shared = {f.name for f in dataclasses.fields(TrainOptions)} & {f.name for f in dataclasses.fields(Preset)}
     return TrainOptions(
         output_dir=output_dir,
-        max_steps=preset.max_steps,
-        per_device_train_batch_size=preset.per_device_train_batch_size,
         per_device_eval_batch_size=args.per_device_eval_batch_size,
-        gradient_accumulation_steps=preset.gradient_accumulation_steps,
-        learning_rate=preset.learning_rate,
-        warmup_steps=preset.warmup_steps,
-        weight_decay=preset.weight_decay,
-        adam_beta1=preset.adam_beta1,
-        adam_beta2=preset.adam_beta2,
-        max_grad_norm=preset.max_grad_norm,
-        lr_scheduler_type=preset.lr_scheduler_type,
-        logging_steps=preset.logging_steps,
-        eval_steps=preset.eval_steps,
-        save_steps=preset.save_steps,
         save_total_limit=args.save_total_limit,
         seed=args.seed,
         report_to=args.report_to,
         progress_desc=desc,
+        **{name: getattr(preset, name) for name in shared},
     )
 
 
