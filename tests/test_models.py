@@ -62,6 +62,19 @@ def test_every_backend_gives_the_same_model(fields, backend):
     torch.testing.assert_close(forced(ids).logits, auto(ids).logits, atol=1e-10, rtol=1e-9)
 
 
+@pytest.mark.parametrize("fields", [DIFF_VARIANTS[4], DIFF_VARIANTS[9], OTHER_VARIANTS[5]], ids=variant_id)
+def test_float32_model_on_the_fused_cpu_kernel_matches_float64(fields):
+    """The path training takes on CPU: logits and every parameter gradient against the float64 model."""
+    model64 = random_model(seed=6, **fields)
+    model32 = random_model(seed=6, dtype=torch.float32, attention_backend="fused_cpu", **fields)
+    ids = torch.randint(0, 97, (2, 40))
+    for model in (model32, model64):
+        model(ids, labels=ids).loss.backward()
+    torch.testing.assert_close(model32(ids).logits.double(), model64(ids).logits, atol=2e-4, rtol=1e-4)
+    for (name, p32), p64 in zip(model32.named_parameters(), model64.parameters()):
+        torch.testing.assert_close(p32.grad.double(), p64.grad, atol=2e-4, rtol=2e-3, msg=name)
+
+
 @pytest.mark.parametrize("fields", ALL_KINDS, ids=variant_id)
 def test_incremental_decoding_equals_full_forward(fields):
     model = random_model(seed=3, **fields)

@@ -1,4 +1,5 @@
-"""The blocked and decode backends and backend="auto" against the float64 reference, forward and backward."""
+"""The blocked, decode and fused CPU backends and backend="auto" against the float64 reference, forward and
+backward."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from difftransformer.ops import (
     choose_backend,
     diff_attention,
     diff_attention_blocked,
+    diff_attention_fused_cpu,
     diff_attention_reference,
+    fused_cpu,
 )
 from test_ops import TOL, diff_problems, grads, make_inputs
 
@@ -68,15 +71,64 @@ def test_float_lambda_and_no_grad_work():
 
 
 def test_auto_picks_by_shape_dtype_and_device():
-    def pick(q_len, kv_len, dtype=torch.float32):
+    def pick(q_len, kv_len, dtype=torch.float32, mask=None):
         return choose_backend(
-            torch.empty(1, 2, q_len, 8, dtype=dtype), torch.empty(1, 2, kv_len, 8, dtype=dtype)
+            torch.empty(1, 2, q_len, 8, dtype=dtype), torch.empty(1, 2, kv_len, 8, dtype=dtype), mask
         )
 
+    padding = torch.ones(1, 1, 512, 512, dtype=torch.bool)
     assert pick(1, 4096) == "decode" and pick(16, 600) == "decode"
-    assert pick(512, 512) == "blocked"
-    assert pick(2048, 2048) == "sdpa"
+    assert pick(512, 512) == "fused_cpu" and pick(2048, 2048) == "fused_cpu"
+    assert pick(512, 512, torch.float64) == "blocked" and pick(512, 512, mask=padding) == "blocked"
+    assert pick(2048, 2048, torch.float64) == "sdpa"
     assert pick(512, 512, torch.bfloat16) == "sdpa"
+
+
+@st.composite
+def fused_problems(draw):
+    """Unmasked float32 problems, long enough to span several tiles of the (shrunk) tile sizes."""
+    kv_heads = draw(st.integers(1, 2))
+    heads = kv_heads * draw(st.integers(1, 3))
+    q_len = draw(st.integers(1, 40))
+    kv_len = q_len + draw(st.sampled_from([0, 0, 1, 13]))
+    return (
+        draw(st.integers(1, 2)), heads, kv_heads, draw(st.sampled_from([2, 4, 8, 16])), q_len, kv_len,
+        draw(st.booleans()), "none", torch.float32, draw(st.integers(0, 2**16)),
+    )  # fmt: skip
+
+
+@given(problem=fused_problems(), tiles=st.sampled_from([(4, 8), (8, 4), (64, 128)]))
+def test_fused_cpu_matches_reference_forward_backward(problem, tiles):
+    """Small tiles put query rows and causal edges on every tile boundary."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fused_cpu, "BLOCK_Q", tiles[0])
+        patch.setattr(fused_cpu, "BLOCK_K", tiles[1])
+        check_against_reference(problem, lambda *a, attn_mask, **kw: diff_attention_fused_cpu(*a, **kw))
+
+
+def test_fused_cpu_reads_strided_inputs_and_merges_heads_in_memory():
+    """q, k, v as the projections give them (heads interleaved in memory), out ready for o_proj as a view."""
+    gen = torch.Generator().manual_seed(4)
+    batch, heads, q_len, width = 2, 3, 150, 16
+    q, k, v = (
+        torch.randn(batch, q_len, heads, width, generator=gen).transpose(1, 2).requires_grad_()
+        for _ in range(3)
+    )
+    lam = torch.tensor(0.4, requires_grad=True)
+    out = diff_attention_fused_cpu(q, k, v, lam)
+    assert out.transpose(1, 2).is_contiguous()
+    expected, _ = diff_attention_reference(*(t.detach().double() for t in (q, k, v, lam)))
+    torch.testing.assert_close(out.double(), expected, **TOL[torch.float32])
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() and t.grad.abs().sum() > 0 for t in (q, k, v, lam))
+
+
+def test_fused_cpu_refuses_what_it_cannot_run():
+    q = torch.randn(1, 2, 5, 8)
+    with pytest.raises(ValueError, match="float32 CPU tensors; got q torch.float64"):
+        diff_attention_fused_cpu(q.double(), q, q, 0.5)
+    with pytest.raises(ValueError, match="takes no attn_mask"):
+        diff_attention(q, q, q, 0.5, attn_mask=torch.ones(1, 1, 5, 5, dtype=torch.bool), backend="fused_cpu")
 
 
 def test_bad_block_size_is_refused():

@@ -72,6 +72,7 @@ class DiffAttention(nn.Module):
             backend,
         )
         self.logits_hook: LogitsHook | None = None
+        self._lambda_memo: tuple[tuple, torch.Tensor] | None = None
 
         width = 2 * self.head_dim
         self.q_proj = nn.Linear(hidden_size, num_heads * width, bias=False)
@@ -102,6 +103,17 @@ class DiffAttention(nn.Module):
         lambda_1 = torch.exp(torch.sum(self.lambda_q1.to(dtype) * self.lambda_k1.to(dtype)))
         lambda_2 = torch.exp(torch.sum(self.lambda_q2.to(dtype) * self.lambda_k2.to(dtype)))
         return lambda_1 - lambda_2 + self.lambda_init
+
+    def _inference_lambda_full(self) -> torch.Tensor:
+        """lambda_full(), remembered while the lambda vectors stay the same (same storage, no in-place change):
+        a one-token decode step would otherwise spend eight tiny ops per layer recomputing one scalar."""
+        if torch.compiler.is_compiling():
+            return self.lambda_full()
+        vectors = (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2)
+        key = tuple((v.data_ptr(), v._version, v.dtype) for v in vectors)
+        if self._lambda_memo is None or self._lambda_memo[0] != key:
+            self._lambda_memo = (key, self.lambda_full())
+        return self._lambda_memo[1]
 
     def forward(
         self,
@@ -135,7 +147,7 @@ class DiffAttention(nn.Module):
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
 
-        lambda_full = self.lambda_full()
+        lambda_full = self._inference_lambda_full() if not torch.is_grad_enabled() else self.lambda_full()
         causal = self.is_causal and attention_mask is None
         maps = None
         if (
@@ -154,9 +166,10 @@ class DiffAttention(nn.Module):
                 q, k, v, lambda_full, causal=causal, attn_mask=attention_mask, backend=self.backend
             )
 
-        if self.subln is not None:
-            out = self.subln(out)
-        out = out * (1.0 - self.lambda_init)
+        # The paper's fixed (1 - lambda_init) output scale rides on the norm's gain.
+        out = (
+            out * (1.0 - self.lambda_init) if self.subln is None else self.subln(out, 1.0 - self.lambda_init)
+        )
         out = self.o_proj(out.transpose(1, 2).reshape(batch, q_len, self.num_heads * width))
         if output_component_maps:
             return out, maps

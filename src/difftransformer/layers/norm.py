@@ -24,11 +24,13 @@ class RMSNorm(nn.Module):
         if self.weight is not None:
             nn.init.ones_(self.weight)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (..., dim) -> (..., dim), same dtype."""
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        """x: (..., dim) -> (..., dim), same dtype, times ``scale`` (folded into the gain: one pass, not two)."""
         x32 = x.float() if x.dtype != torch.float64 else x
         normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-        return normed if self.weight is None else self.weight * normed
+        if self.weight is None:
+            return normed if scale == 1.0 else normed * scale
+        return normed * (self.weight if scale == 1.0 else self.weight * scale)
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}, elementwise_affine={self.weight is not None}"

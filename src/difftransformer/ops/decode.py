@@ -10,10 +10,30 @@ side are not what a step waits for. Differentiable (through SDPA), but meant for
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
 from difftransformer.ops.common import build_attend_mask, check_diff_inputs
+
+
+def _build_selector(dtype: torch.dtype, device: torch.device, scale: float) -> torch.Tensor:
+    # select[c, c'] = scale if c == c' else 0: map c of each query keeps only its own half (and the scale).
+    return torch.eye(2, dtype=dtype, device=device).mul_(scale).view(2, 1, 1, 2, 1)
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_selector(dtype: torch.dtype, device: torch.device, scale: float) -> torch.Tensor:
+    with torch.inference_mode(False):  # a normal tensor, so a later autograd pass may save it
+        return _build_selector(dtype, device, scale)
+
+
+def _selector(dtype: torch.dtype, device: torch.device, scale: float) -> torch.Tensor:
+    # Cached outside torch.compile: a one-token step would otherwise build it twice per layer.
+    if torch.compiler.is_compiling():
+        return _build_selector(dtype, device, scale)
+    return _cached_selector(dtype, device, scale)
 
 
 def diff_attention_decode(
@@ -37,8 +57,7 @@ def diff_attention_decode(
     batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v)
     n_rep = heads // kv_heads
     scale = head_dim**-0.5 if scale is None else scale
-    # select[c, c'] = scale if c == c' else 0: map c of each query keeps only its own half (and the scale).
-    select = torch.eye(2, dtype=q.dtype, device=q.device).mul_(scale).view(2, 1, 1, 2, 1)
+    select = _selector(q.dtype, q.device, scale)
     # Query heads ordered (group, map, rep): SDPA's GQA rule sends all 2 n_rep of them to their group's k, v.
     q_pad = q.reshape(batch, kv_heads, 1, n_rep, q_len, 2, head_dim) * select  # (B, g, 2, r, T, 2, d)
     mask = None
