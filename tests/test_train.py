@@ -15,7 +15,7 @@ from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.checkpoints import COMPLETE_MARKER, checkpoint_problem, last_good_checkpoint
 from difftransformer.train.lock import RunDirectoryLocked, RunLock
 from difftransformer.train.presets import PRESETS, get_preset
-from difftransformer.train.retrieval import mix_in
+from difftransformer.train.retrieval import mix_in, needle_training_blocks
 from difftransformer.train.runner import METRICS_CSV, TrainOptions, train_model
 from test_train_support import pack, small_tokenizer, synthetic_texts
 
@@ -215,3 +215,33 @@ def test_retrieval_blocks_are_spread_through_the_training_order(seed):
     first_half_share = mixed[order[:500], 0].float().mean().item()
     assert 0.4 < first_half_share < 0.6
     assert int(mixed[:, 0].sum()) == 500
+
+
+def test_retrieval_blocks_answer_every_needle_with_its_own_number():
+    """Every episode in a block asks for all its needles and answers each with that city's number from the
+    episode's own context, then ends in EOS; blocks are exactly block_size long."""
+    import re
+
+    texts = synthetic_texts(count=40)
+    tokenizer = small_tokenizer(texts, vocab_size=400)
+    stream = pack(texts, tokenizer, 64).flatten()
+    blocks = needle_training_blocks(stream, tokenizer, 256, 12, number_digits=3, seed=7)
+    assert blocks.shape == (12, 256)
+    eos = tokenizer.decode([tokenizer.eos_token_id])
+    needle = re.compile(r"The magic number of (\w+) is (\d+)\.")
+    answers = re.compile(r"(?:\nThe magic number of (\w+) is (\d+))")
+    episodes = answered = 0
+    for row in blocks.tolist():
+        context, *asked = tokenizer.decode(row).split("\nWhat are the magic numbers of ")
+        assert asked, "every retrieval block holds at least one episode"
+        for part in asked:
+            cities, _, rest = part.partition("?")
+            replies, _, context_after = rest.partition(eos)
+            given = answers.findall(replies)
+            numbers = dict(needle.findall(context))
+            assert [city for city, _ in given] == cities.split(", ") and sorted(numbers) == sorted(
+                cities.split(", ")
+            )
+            assert all(numbers[city] == number for city, number in given)
+            episodes, answered, context = episodes + 1, answered + len(given), context_after
+    assert episodes >= 12 and answered > episodes  # several needles answered per episode on average

@@ -1,9 +1,12 @@
 """Multi-needle retrieval blocks (SPEC §5) to mix into training, drawn with the evaluation suite's generator.
 
-Each block is one :func:`difftransformer.eval.needle.make_needle_sample` prompt (Shakespeare haystack, N magic-number
-needles, the question) followed by its answer and then more haystack, exactly ``block_size`` tokens, so a model
-trained on them is asked, at evaluation, exactly the kind of question it has seen (with fresh cities, numbers and
-haystack).
+A retrieval block is packed with episodes, each one :func:`difftransformer.eval.needle.make_needle_sample` context
+(Shakespeare haystack with N magic-number needles) and its question, answered for every needle in turn ("The magic
+number of A is 123\nThe magic number of B is 456..."), episodes separated by EOS as packed documents are. Copying a
+number from context is what the model must learn, and a tiny model needs many such copies before it does: answering
+every needle, and packing short episodes (haystacks from none to the whole block) several to a block, gives about
+ten times the supervised retrievals of one long question per block. The evaluation asks the same kind of question
+with fresh cities, numbers and held-out haystack.
 """
 
 from __future__ import annotations
@@ -11,10 +14,36 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from difftransformer.eval.needle import make_needle_sample
+from difftransformer.eval.needle import CITIES, NEEDLE_TEMPLATE, QUESTION_TEMPLATE, make_needle_sample
 
-# Room left after the prompt for the answer (a 6-digit number is at most 7 byte-level BPE tokens with its space).
-ANSWER_ROOM = 8
+# The question's last line: the answer prefix repeated for each further needle.
+FOLLOW_UP_TEMPLATE = QUESTION_TEMPLATE[QUESTION_TEMPLATE.rindex("\n") :]
+
+
+class _EpisodeSizer:
+    """Token counts of an episode's parts for given cities, to size its haystack before drawing it."""
+
+    def __init__(self, tokenizer, number_digits: int) -> None:
+        def count(text: str) -> int:
+            return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+        # A number's token count depends on its digits only loosely (byte-level BPE): budget the widest.
+        number = "9" * number_digits
+        self.needle = {c: count(NEEDLE_TEMPLATE.format(city=c, number=number)) + 2 for c in CITIES}
+        self.answer = count(" " + number) + 2
+        self.follow_up = {c: count(FOLLOW_UP_TEMPLATE.format(city=c)) for c in CITIES}
+        self.count = count
+
+    def fixed_tokens(self, cities: list[str]) -> int:
+        """Needles, question and every answer: all of an episode but its haystack."""
+        # The sample's context makes room for its longest question (one per queried city).
+        question = max(self.count(QUESTION_TEMPLATE.format(cities=", ".join(cities), city=c)) for c in cities)
+        return (
+            sum(self.needle[c] for c in cities)
+            + question
+            + self.answer * len(cities)
+            + sum(self.follow_up[c] for c in cities[1:])
+        )
 
 
 def needle_training_blocks(
@@ -24,38 +53,51 @@ def needle_training_blocks(
     count: int,
     *,
     max_needles: int = 4,
-    max_queries: int = 2,
     number_digits: int = 6,
     seed: int = 0,
 ) -> torch.Tensor:
-    """(count, block_size) int64 retrieval blocks with 1..max_needles needles at uniform random depths, each
-    answering one of up to ``max_queries`` queried cities; ``stream`` is tokenized haystack text (1-D ids)."""
+    """(count, block_size) int64 retrieval blocks, each packed with episodes of 1..max_needles needles (the first
+    at a uniform random depth) in a haystack of uniform random length, every needle answered, EOS after each; the
+    space no further episode fits in is filled with haystack. ``stream`` is tokenized haystack text (1-D ids)."""
     if count < 0:
         raise ValueError(f"count must be >= 0; got {count}")
-    if block_size <= ANSWER_ROOM:
-        raise ValueError(f"block_size must exceed {ANSWER_ROOM}; got {block_size}")
     ids = stream.tolist() if isinstance(stream, torch.Tensor) else list(stream)
+    sizer = _EpisodeSizer(tokenizer, number_digits)
+    smallest = min(sizer.fixed_tokens([c]) for c in CITIES) + 1
+    if block_size < 2 * smallest:
+        raise ValueError(f"block_size must be at least {2 * smallest} for retrieval blocks; got {block_size}")
     rng = np.random.default_rng(seed)
     rows = []
     for _ in range(count):
-        needles = int(rng.integers(1, max_needles + 1))
-        queries = int(rng.integers(1, min(needles, max_queries) + 1))
-        sample = make_needle_sample(
-            tokenizer,
-            ids,
-            context_tokens=block_size - ANSWER_ROOM,
-            num_needles=needles,
-            num_queries=queries,
-            depth=float(rng.random()),
-            rng=rng,
-            number_digits=number_digits,
-        )
-        which = int(rng.integers(0, queries))
-        row = sample.prompt_ids[which] + sample.answer_ids[which]
-        # Fill to the block length with the haystack continuation after an EOS, as packed documents are.
+        row: list[int] = []
+        while True:
+            room = block_size - len(row) - 1  # an EOS ends each episode
+            needles = int(rng.integers(1, max_needles + 1))
+            cities = [CITIES[i] for i in rng.choice(len(CITIES), size=needles, replace=False)]
+            fixed = sizer.fixed_tokens(cities)
+            if fixed > room:
+                break
+            # Mostly short haystacks (more episodes, more copies), sometimes up to the whole free room.
+            haystack = int((room - fixed) * rng.random() ** 2)
+            answers = sizer.answer * needles + sum(sizer.follow_up[c] for c in cities[1:])
+            sample = make_needle_sample(
+                tokenizer,
+                ids,
+                context_tokens=fixed - answers + haystack,
+                num_needles=needles,
+                num_queries=needles,
+                depth=float(rng.random()),
+                rng=rng,
+                number_digits=number_digits,
+                cities=cities,
+            )
+            row += sample.prompt_ids[0] + sample.answer_ids[0]
+            for city, answer in zip(sample.cities[1:], sample.answer_ids[1:]):
+                row += tokenizer(FOLLOW_UP_TEMPLATE.format(city=city), add_special_tokens=False)["input_ids"]
+                row += answer
+            row.append(tokenizer.eos_token_id)
         start = int(rng.integers(0, len(ids) - block_size))
-        row = (row + [tokenizer.eos_token_id] + ids[start : start + block_size])[:block_size]
-        rows.append(row)
+        rows.append((row + ids[start : start + block_size])[:block_size])
     return torch.tensor(rows, dtype=torch.long).view(count, block_size)
 
 
