@@ -76,6 +76,21 @@ def test_float32_model_on_the_fused_cpu_kernel_matches_float64(fields):
 
 
 @pytest.mark.parametrize("fields", ALL_KINDS, ids=variant_id)
+def test_float32_cached_decoding_matches_float64_full_forward(fields):
+    """Generation on CPU in float32 (the C++ decode kernel, no mask) step by step against float64."""
+    model64 = random_model(seed=7, **fields)
+    model32 = random_model(seed=7, dtype=torch.float32, **fields)
+    ids = torch.randint(0, 97, (2, 30))
+    with torch.no_grad():
+        out = model32(ids[:, :20], use_cache=True)
+        steps = [out.logits]
+        for t in range(20, 30):
+            out = model32(ids[:, t : t + 1], past_key_values=out.past_key_values, use_cache=True)
+            steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, 1).double(), model64(ids).logits, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fields", ALL_KINDS, ids=variant_id)
 def test_incremental_decoding_equals_full_forward(fields):
     model = random_model(seed=3, **fields)
     ids = torch.randint(0, 97, (2, 12))

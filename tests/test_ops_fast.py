@@ -106,6 +106,24 @@ def test_fused_cpu_matches_reference_forward_backward(problem, tiles):
         check_against_reference(problem, lambda *a, attn_mask, **kw: diff_attention_fused_cpu(*a, **kw))
 
 
+@given(problem=fused_problems())
+def test_decode_cpu_kernel_matches_reference_at_inference(problem):
+    """Generation's path: CPU float32, no grad, no mask -> the C++ decode kernel (K and V read once)."""
+    batch, heads, kv_heads, d, q_len, kv_len, causal, _, _, seed = problem
+    (q, k, v, lam), _ = make_inputs(
+        batch, heads, kv_heads, d, min(q_len, 16), kv_len, "none", torch.float64, seed
+    )
+    expected, _ = diff_attention_reference(q, k, v, lam, causal=causal)
+    with torch.no_grad():
+        assert fused_cpu.decode_cpu_applies(q.float(), None)
+        direct = fused_cpu.diff_attention_decode_cpu(
+            q.float(), k.float(), v.float(), lam.float(), causal=causal
+        )
+        dispatched = diff_attention(q.float(), k.float(), v.float(), lam.float(), causal=causal)
+    for out in (direct, dispatched):
+        torch.testing.assert_close(out.double(), expected, **TOL[torch.float32])
+
+
 def test_fused_cpu_reads_strided_inputs_and_merges_heads_in_memory():
     """q, k, v as the projections give them (heads interleaved in memory), out ready for o_proj as a view."""
     gen = torch.Generator().manual_seed(4)

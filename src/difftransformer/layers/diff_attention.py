@@ -14,6 +14,8 @@ from transformers.cache_utils import Cache
 from difftransformer.layers.norm import RMSNorm
 from difftransformer.layers.rotary import RopeStyle, apply_rotary
 from difftransformer.ops import diff_attention, diff_attention_reference
+from difftransformer.ops.diff_attention import DECODE_MAX_QUERIES
+from difftransformer.ops.fused_cpu import decode_cpu_applies, diff_attention_decode_cpu
 
 SublnMode = Literal["affine", "plain", "none"]
 SUBLN_MODES: tuple[str, ...] = ("affine", "plain", "none")
@@ -161,6 +163,16 @@ class DiffAttention(nn.Module):
                 q, k, v, lambda_full, causal=causal, attn_mask=attention_mask, logits_hook=hook,
                 return_maps=output_attentions or output_component_maps,
             )  # fmt: skip
+        elif (
+            self.backend in ("auto", "decode")
+            and q_len <= DECODE_MAX_QUERIES
+            and self.subln is not None
+            and decode_cpu_applies(q, attention_mask)
+        ):
+            # Generation on CPU: attention, per-head norm and output scale in one kernel call.
+            norm = (self.subln.weight, self.subln.eps, 1.0 - self.lambda_init)
+            out = diff_attention_decode_cpu(q, k, v, lambda_full, causal=causal, norm=norm)
+            return self._project_out(out, output_component_maps, maps)
         else:
             out = diff_attention(
                 q, k, v, lambda_full, causal=causal, attn_mask=attention_mask, backend=self.backend
@@ -170,6 +182,13 @@ class DiffAttention(nn.Module):
         out = (
             out * (1.0 - self.lambda_init) if self.subln is None else self.subln(out, 1.0 - self.lambda_init)
         )
+        return self._project_out(out, output_component_maps, maps)
+
+    def _project_out(
+        self, out: torch.Tensor, output_component_maps: bool, maps: tuple[torch.Tensor, ...] | None
+    ) -> tuple[torch.Tensor, torch.Tensor | tuple[torch.Tensor, ...] | None]:
+        """Normalised heads (B, h, T, 2d) -> o_proj -> (B, T, d_model), with the maps asked for."""
+        batch, _, q_len, width = out.shape
         out = self.o_proj(out.transpose(1, 2).reshape(batch, q_len, self.num_heads * width))
         if output_component_maps:
             return out, maps

@@ -125,6 +125,13 @@ def padding_and_causal_mask(
             attention_mask = None
     if attention_mask is None and kv_len == q_len:
         return None
+    if (
+        attention_mask is None
+        and query_positions.device.type == "cpu"  # reading the position on a GPU would sync every step
+        and not torch.compiler.is_compiling()
+        and int(query_positions[0]) == kv_len - q_len
+    ):
+        return None  # the queries fill the cache's last slots (a dynamic cache): bottom-right causal is exact
     keys = torch.arange(kv_len, device=query_positions.device)
     mask = (keys <= query_positions[:, None]) if causal else torch.ones(q_len, kv_len, dtype=torch.bool)
     mask = mask.to(query_positions.device)[None, None]

@@ -66,6 +66,8 @@ def build_attend_mask(
     KV cache needs when ``T < S``. ``attn_mask`` is boolean (True = attend) or additive float
     (0 = attend, -inf = masked), of shape (B or 1, 1, T, S).
     """
+    if attn_mask is None and (not causal or q_len == 1):
+        return None  # a single query sits at the last position and sees every key
     mask = None
     if attn_mask is not None:
         expected = f"({batch} or 1, 1, {q_len}, {kv_len})"

@@ -6,6 +6,10 @@ stored (B, h_kv, S, 2d): no half of k is sliced, nothing is copied, and V is as 
 the fused kernel. The 2h outputs (A_j V, width 2d) are then combined as A1 V - lambda A2 V. The cache is read
 as the matched baseline's step reads its own (same bytes, SPEC §4); the doubled multiply-adds on the query
 side are not what a step waits for. Differentiable (through SDPA), but meant for short query blocks.
+
+On CPU in float32 without autograd or a mask (generation), the C++ kernel of :mod:`difftransformer.ops.fused_cpu`
+serves the call instead: the same single read of K and V, without the padding's doubled multiply-adds or the
+SDPA call's fixed overhead, which dominate a one-token step at small batch.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from difftransformer.ops.common import build_attend_mask, check_diff_inputs
+from difftransformer.ops.fused_cpu import decode_cpu_applies, diff_attention_decode_cpu
 
 
 def _build_selector(dtype: torch.dtype, device: torch.device, scale: float) -> torch.Tensor:
@@ -55,6 +60,8 @@ def diff_attention_decode(
         causal, attn_mask, scale: as for the reference (causal aligned bottom-right).
     """
     batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v)
+    if decode_cpu_applies(q, attn_mask):
+        return diff_attention_decode_cpu(q, k, v, lambda_full, causal=causal, scale=scale)
     n_rep = heads // kv_heads
     scale = head_dim**-0.5 if scale is None else scale
     select = _selector(q.dtype, q.device, scale)

@@ -122,3 +122,38 @@ def diff_attention_fused_cpu(
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     scale = head_dim**-0.5 if scale is None else float(scale)
     return _FusedDiffAttention.apply(q, k, v, lambda_full, scale, causal)
+
+
+def decode_cpu_applies(q: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
+    """Whether :func:`diff_attention_decode_cpu` can serve this call: CPU float32, no mask, no autograd, eager."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype == torch.float32
+        and attn_mask is None
+        and not torch.is_grad_enabled()
+        and not torch.compiler.is_compiling()
+        and fused_cpu_available()
+    )
+
+
+def diff_attention_decode_cpu(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lambda_full: torch.Tensor | float,
+    *,
+    causal: bool = True,
+    scale: float | None = None,
+    norm: tuple[torch.Tensor | None, float, float] | None = None,
+) -> torch.Tensor:
+    """Inference for a few queries (a decode step) in the C++ kernel: both maps' logits per cached key, then
+    ONE pass over V with the combined weights, K and V read once; q (B, h, T, 2d), k and v (B, h_kv, S, 2d) CPU
+    float32 -> (B, h, T, 2d). ``norm`` = (gain (2d,) or None, eps, out_scale) also applies the layer's per-head
+    RMSNorm and output scale to each row. No autograd: call it under ``torch.no_grad()``."""
+    _, _, _, _, _, head_dim = check_diff_inputs(q, k, v)
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    scale = head_dim**-0.5 if scale is None else float(scale)
+    gain, eps, out_scale = norm if norm is not None else (None, 0.0, 1.0)
+    return _extension().decode(
+        q, k, v, _lambda_value(lambda_full), scale, causal, norm is not None, gain, eps, out_scale
+    )

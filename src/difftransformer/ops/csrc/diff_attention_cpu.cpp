@@ -81,10 +81,12 @@ inline void online_softmax_row(float* s, int valid, int cols, float& m, float& l
     return;
   }
   float row_max = s[0];
+#pragma omp simd reduction(max : row_max)
   for (int j = 1; j < valid; ++j) row_max = std::max(row_max, s[j]);
   const float m_new = std::max(m, row_max);
   const float rescale = exp_nonpositive(m - m_new);
   float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
   for (int j = 0; j < valid; ++j) {
     s[j] = exp_nonpositive(s[j] - m_new);
     sum += s[j];
@@ -236,7 +238,84 @@ std::vector<torch::Tensor> diff_attention_backward(torch::Tensor grad_out, torch
   return {dq, dk, dv};
 }
 
+// Inference for a few queries against a long cache (a decode step): per query, both maps' logits are dot
+// products with the cached K1 | K2 rows, and the combined weights A1 - lambda A2 multiply V in ONE pass, so K
+// and V are read once and the multiply-adds are the matched baseline's. No tiles, no BLAS: with one query row
+// a tile product is all overhead. Returns (B, h, T, 2d) with heads merged in memory, like the forward above.
+// With ``normalize`` each output row then goes through the layer's per-head RMSNorm (gain ``norm_weight`` if
+// defined) times ``out_scale``, which saves a one-token step the norm's eight small tensor ops per layer.
+torch::Tensor diff_attention_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, double lambda_full,
+                                    double scale, bool causal, bool normalize, c10::optional<torch::Tensor> norm_weight,
+                                    double norm_eps, double out_scale) {
+  check_inputs(q, k, v);
+  const float* gain = nullptr;
+  if (norm_weight.has_value() && norm_weight->defined()) {
+    TORCH_CHECK(norm_weight->scalar_type() == torch::kFloat32 && norm_weight->is_contiguous() &&
+                    norm_weight->numel() == q.size(3),
+                "norm_weight must be a contiguous float32 vector of q's width");
+    gain = norm_weight->data_ptr<float>();
+  }
+  const int64_t batch = q.size(0), heads = q.size(1), q_len = q.size(2), width = q.size(3);
+  const int64_t kv_heads = k.size(1), kv_len = k.size(2), d = width / 2, rep = heads / kv_heads;
+  const int64_t offset = kv_len - q_len;
+  auto out = torch::empty({batch, q_len, heads, width}, q.options()).transpose(1, 2);
+  const Strided Q = strided(q), K = strided(k), V = strided(v), O = strided(out);
+  const float lam = static_cast<float>(lambda_full), alpha = static_cast<float>(scale);
+
+  at::parallel_for(0, batch * heads * q_len, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> w1(kv_len), w2(kv_len);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / (heads * q_len), i = item / q_len % heads, t = item % q_len;
+      const float* q1 = Q.at(b, i, t);
+      const float* q2 = q1 + d;
+      const int64_t keys = causal ? std::min(kv_len, t + offset + 1) : kv_len;
+      float m1 = -1e30f, m2 = -1e30f;
+      for (int64_t j = 0; j < keys; ++j) {
+        const float* kj = K.at(b, i / rep, j);
+        float s1 = 0.0f, s2 = 0.0f;
+#pragma omp simd reduction(+ : s1, s2)
+        for (int64_t c = 0; c < d; ++c) {
+          s1 += q1[c] * kj[c];
+          s2 += q2[c] * kj[d + c];
+        }
+        w1[j] = s1 * alpha;
+        w2[j] = s2 * alpha;
+      }
+#pragma omp simd reduction(max : m1, m2)
+      for (int64_t j = 0; j < keys; ++j) {
+        m1 = std::max(m1, w1[j]);
+        m2 = std::max(m2, w2[j]);
+      }
+      float l1 = 0.0f, l2 = 0.0f;
+#pragma omp simd reduction(+ : l1, l2)
+      for (int64_t j = 0; j < keys; ++j) {
+        w1[j] = exp_nonpositive(w1[j] - m1);
+        w2[j] = exp_nonpositive(w2[j] - m2);
+        l1 += w1[j];
+        l2 += w2[j];
+      }
+      const float c1 = 1.0f / l1, c2 = lam / l2;
+      float* o = O.at(b, i, t);
+      std::fill(o, o + width, 0.0f);
+      for (int64_t j = 0; j < keys; ++j) {
+        const float weight = w1[j] * c1 - w2[j] * c2;
+        const float* vj = V.at(b, i / rep, j);
+        for (int64_t c = 0; c < width; ++c) o[c] += weight * vj[c];
+      }
+      if (normalize) {
+        float square_sum = 0.0f;
+#pragma omp simd reduction(+ : square_sum)
+        for (int64_t c = 0; c < width; ++c) square_sum += o[c] * o[c];
+        const float factor = static_cast<float>(out_scale) / std::sqrt(square_sum / width + static_cast<float>(norm_eps));
+        for (int64_t c = 0; c < width; ++c) o[c] *= gain ? factor * gain[c] : factor;
+      }
+    }
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("decode", &diff_attention_decode, "differential attention for a few queries, inference (CPU float32)");
   m.def("forward", &diff_attention_forward, "fused differential attention, forward (CPU float32)");
   m.def("backward", &diff_attention_backward, "fused differential attention, backward (CPU float32)");
 }
