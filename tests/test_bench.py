@@ -83,8 +83,12 @@ def test_contenders_share_one_function_and_decode_greedily():
 
 def test_check_passes_on_cpu_for_the_fast_paths():
     small = tuple(c for c in CASES if c.q_len * c.kv_len < 50_000)
-    rows = check_backends(torch.device("cpu"), torch.float32, backends=("blocked", "decode"), cases=small)
+    rows = check_backends(
+        torch.device("cpu"), torch.float32, backends=("blocked", "decode", "fused_cpu"), cases=small
+    )
     assert rows and all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
+    fused = [r for r in rows if r["backend"] == "fused_cpu"]
+    assert fused and not any(r["case"]["padding"] for r in fused)  # it takes no mask: padded cases skipped
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

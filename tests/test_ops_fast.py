@@ -153,3 +153,30 @@ def test_bad_block_size_is_refused():
     q = torch.randn(1, 2, 3, 8)
     with pytest.raises(ValueError, match="block_queries must be a positive integer"):
         diff_attention_blocked(q, q, q, 0.5, block_queries=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (2, 4, 2, 8, 40, 40, True, "none"),
+        (1, 2, 1, 16, 7, 50, True, "bool"),
+        (2, 2, 2, 4, 30, 30, False, "bool"),
+    ],
+)
+def test_flex_matches_reference_forward(shape):
+    """Compiled FlexAttention (about 10 s a shape): forward only, as on the CPU it has no backward."""
+    batch, heads, kv_heads, d, q_len, kv_len, causal, mask_kind = shape
+    (q, k, v, lam), mask = make_inputs(batch, heads, kv_heads, d, q_len, kv_len, mask_kind, torch.float64, 11)
+    expected, _ = diff_attention_reference(q, k, v, lam, causal=causal, attn_mask=mask)
+    with torch.no_grad():
+        out = diff_attention(
+            *(t.float() for t in (q, k, v, lam)), causal=causal, attn_mask=mask, backend="flex"
+        )
+    torch.testing.assert_close(out.double(), expected, **TOL[torch.float32])
+
+
+def test_flex_refuses_training_on_the_cpu():
+    q = torch.randn(1, 2, 5, 8, requires_grad=True)
+    with pytest.raises(ValueError, match="no backward on the CPU"):
+        diff_attention(q, q, q, 0.5, backend="flex")

@@ -4,6 +4,7 @@ from difftransformer.ops.blocked import diff_attention_blocked
 from difftransformer.ops.common import additive_to_bool, build_attend_mask
 from difftransformer.ops.decode import diff_attention_decode
 from difftransformer.ops.diff_attention import BACKENDS, choose_backend, diff_attention
+from difftransformer.ops.flex import diff_attention_flex
 from difftransformer.ops.fused_cpu import diff_attention_fused_cpu, fused_cpu_available
 from difftransformer.ops.reference import diff_attention_reference, masked_softmax
 from difftransformer.ops.sdpa import diff_attention_sdpa
@@ -17,6 +18,7 @@ __all__ = [
     "diff_attention",
     "diff_attention_blocked",
     "diff_attention_decode",
+    "diff_attention_flex",
     "diff_attention_fused_cpu",
     "diff_attention_reference",
     "diff_attention_sdpa",

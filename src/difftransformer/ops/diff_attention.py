@@ -8,12 +8,13 @@ import torch
 
 from difftransformer.ops.blocked import diff_attention_blocked
 from difftransformer.ops.decode import diff_attention_decode
+from difftransformer.ops.flex import diff_attention_flex
 from difftransformer.ops.fused_cpu import diff_attention_fused_cpu, fused_cpu_available
 from difftransformer.ops.reference import diff_attention_reference
 from difftransformer.ops.sdpa import diff_attention_sdpa
 
-Backend = Literal["auto", "reference", "sdpa", "blocked", "decode", "fused_cpu"]
-BACKENDS: tuple[str, ...] = ("auto", "reference", "sdpa", "blocked", "decode", "fused_cpu")
+Backend = Literal["auto", "reference", "sdpa", "blocked", "decode", "fused_cpu", "flex"]
+BACKENDS: tuple[str, ...] = ("auto", "reference", "sdpa", "blocked", "decode", "fused_cpu", "flex")
 
 # Thresholds of backend="auto", measured with `difftransformer bench` (docs/performance.md).
 DECODE_MAX_QUERIES = 16  # up to this many queries, reading K and V once beats every fused kernel
@@ -70,8 +71,9 @@ def diff_attention(
         scale: logit scale, default 1 / sqrt(d).
         backend: "reference" (materialized maps, exact), "sdpa" (two fused SDPA calls over V's halves),
             "blocked" (the baseline's FLOPs, maps one query block at a time), "decode" (few queries: K and V
-            read once), "fused_cpu" (C++ streaming kernel, CPU float32, no attn_mask), or "auto"
-            (:func:`choose_backend`).
+            read once), "fused_cpu" (C++ streaming kernel, CPU float32, no attn_mask), "flex" (compiled
+            FlexAttention, one call with the 2d-wide V; inference only on the CPU), or "auto"
+            (:func:`choose_backend`, which never picks "flex": it is not measured ahead of the others).
 
     Returns:
         (B, h, T, 2d): head i's output ``(A1 - lambda A2) V_g`` before the per-head norm.
@@ -87,6 +89,8 @@ def diff_attention(
         return diff_attention_blocked(q, k, v, lambda_full, **kwargs)
     if backend == "decode":
         return diff_attention_decode(q, k, v, lambda_full, **kwargs)
+    if backend == "flex":
+        return diff_attention_flex(q, k, v, lambda_full, **kwargs)
     if backend == "fused_cpu":
         if attn_mask is not None:
             raise ValueError("backend 'fused_cpu' takes no attn_mask (causal or full only); got a mask")
