@@ -7,16 +7,19 @@ the matched baseline's multiply-adds in the backward, 1.5x its P V work in the f
 no concatenation, and the output is written with heads merged so ``o_proj`` reads it as a view.
 
 The kernel (``csrc/diff_attention_cpu.cpp``) is compiled with :func:`torch.utils.cpp_extension.load` the first
-time it is needed (about a minute; cached under ``$TORCH_EXTENSIONS_DIR``, by default
-``~/.cache/torch_extensions``) with the C++ compiler PyTorch extensions use and ``ninja`` (a dependency). Where
-it cannot be built, :func:`fused_cpu_available` is False, and ``backend="auto"`` uses the other paths.
+time it is needed (about a minute on 2 cores; cached under the project's cache folder, ``$DIFFTRANSFORMER_CACHE``
+or ``~/.cache/difftransformer``, in ``extensions/``, one build per kernel source, flags, torch version and
+machine) with the C++ compiler PyTorch extensions use and ``ninja`` (a dependency). Where it cannot be built,
+:func:`fused_cpu_available` is False, a warning says why, and ``backend="auto"`` uses the other paths.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import platform
+import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -30,6 +33,18 @@ SOURCE = Path(__file__).with_name("csrc") / "diff_attention_cpu.cpp"
 BLOCK_Q, BLOCK_K = 64, 128
 
 
+def _build_directory(flags: list[str]) -> Path:
+    """One folder per (source, flags, torch, machine): a changed kernel or another CPU never reuses a build."""
+    from difftransformer.data.corpus import default_cache_dir
+
+    key = hashlib.sha256(
+        "\0".join(
+            [SOURCE.read_text(), *flags, torch.__version__, platform.machine(), platform.node()]
+        ).encode()
+    ).hexdigest()[:16]
+    return default_cache_dir() / "extensions" / f"diff_attention_cpu-{key}"
+
+
 @functools.cache
 def _extension() -> ModuleType | None:
     from torch.utils import cpp_extension
@@ -37,12 +52,21 @@ def _extension() -> ModuleType | None:
     flags = ["-O3", "-fopenmp"]
     if platform.machine() in ("x86_64", "AMD64"):
         flags.append("-march=native")  # the exp and masking loops vectorize to the machine's widest SIMD
+    folder = _build_directory(flags)
+    folder.mkdir(parents=True, exist_ok=True)
+    if not any(folder.glob("*.so")):
+        print(
+            f"difftransformer: compiling the fused CPU attention kernel into {folder} (once, about a minute)",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         return cpp_extension.load(
             name="difftransformer_diff_attention_cpu",
             sources=[str(SOURCE)],
             extra_cflags=flags,
             extra_ldflags=["-fopenmp"],
+            build_directory=str(folder),
             verbose=os.environ.get("DIFFTRANSFORMER_VERBOSE_BUILD") == "1",
         )
     except Exception as error:  # noqa: BLE001 - any build failure means: use the other paths
