@@ -225,17 +225,21 @@ class PlantedAttention(nn.Module):
         return SimpleNamespace(attentions=(maps[None, None], maps[None, None].expand(1, 2, t, t)))
 
 
-def test_attention_allocation_end_to_end_on_planted_models(char_tokenizer):
+@pytest.mark.parametrize("digits", [6, 3])
+def test_attention_allocation_end_to_end_on_planted_models(char_tokenizer, digits):
     texts = generated_text(40)
     kwargs = dict(
-        context_length=300, num_needles=1, num_queries=1, depths=[0.5], samples=1, seed=7, progress=False
-    )
+        context_length=300, num_needles=1, num_queries=1, depths=[0.5], samples=1, number_digits=digits, seed=7,
+        progress=False,
+    )  # fmt: skip
     focused = run_attention(PlantedAttention(char_tokenizer, "needle"), char_tokenizer, texts, **kwargs)
     entry = focused["by_depth"][0]
     assert entry["answer"] == pytest.approx(1.0) and entry["context"] == pytest.approx(0.0)
     uniform = run_attention(PlantedAttention(char_tokenizer, "uniform"), char_tokenizer, texts, **kwargs)
     sample = needle.make_needle_sample(char_tokenizer, texts, context_tokens=300, num_needles=1, num_queries=1,
-                                       depth=0.5, rng=np.random.default_rng(7))  # fmt: skip
+                                       depth=0.5, rng=np.random.default_rng(7), number_digits=digits)  # fmt: skip
+    # Character tokens: the answer is a space and the digits, so the expected shares use the right digit count.
+    assert len(sample.answer_ids[0]) == 1 + digits
     span = sample.answer_span[1] - sample.answer_span[0]
     rows = range(len(sample.prompt_ids[0]) - 1, len(sample.prompt_ids[0]) - 1 + len(sample.answer_ids[0]))
     expected_answer = np.mean([span / (q + 1) for q in rows])

@@ -12,8 +12,8 @@ from difftransformer.eval.common import read_json
 from test_eval import generated_text, train_tokenizer
 
 TASK_OPTIONS = {
-    "needle": "--context-lengths 96 --needles 2:2 --depths 0.5 --samples 1",
-    "attention": "--context-lengths 96 --needles 2:1 --depths 0,0.5,1 --samples 1 --per-layer",
+    "needle": "--context-lengths 96 --needles 2:2 --depths 0.5 --samples 1 --needle-digits 3",
+    "attention": "--context-lengths 96 --needles 2:1 --depths 0,0.5,1 --samples 1 --per-layer --needle-digits 3",
     "outliers": "--tokens 256 --length 64",
     "quant": "--length 32 --num-sequences 2 --bits 4 --context-lengths 96 --needles 1:1 --depths 0.5 --samples 1",
     "longctx": "--length 64 --num-sequences 2",
@@ -94,6 +94,10 @@ def test_bad_input_is_refused_before_work(checkpoints, tmp_path, capsys):
             "needs about",
         ),
         (["needle", "--model", str(paths["llama"]), "--needles", "2:3"], "1 <= R <= N"),
+        (
+            ["attention", "--model", str(paths["llama"]), "--needle-digits", "0"],
+            "--needle-digits must be >= 1; got 0",
+        ),
         (["longctx", "--model", str(tmp_path)], "config.json"),
         (["outliers", "--model", str(paths["llama"]), "--length", "1000"], "max_position_embeddings"),
     ]

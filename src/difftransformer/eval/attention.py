@@ -113,22 +113,24 @@ def run_attention(
     depths: Sequence[float] = DEFAULT_DEPTHS,
     samples: int = 10,
     per_layer: bool = False,
+    number_digits: int = 6,
     seed: int = 0,
     output_dir=None,
     progress: bool = True,
 ) -> dict:
     """Attention shares on the answer needle and on the rest of the context, by depth (paper Table 3).
 
+    ``number_digits``: digits of the magic numbers (a model trained on 3-digit needles is read on 3-digit ones).
     Writes attention.json and attention.png (shares against depth)."""
     if samples < 1:
         raise ValueError(f"--samples must be >= 1; got {samples}")
     stream = tokenizer("\n".join(haystack_texts), add_special_tokens=False)["input_ids"]
     validate_needle_run(
         model, tokenizer, len(stream), [context_length], [(num_needles, num_queries)],
-        NEEDLE_TEMPLATE, QUESTION_TEMPLATE,
+        NEEDLE_TEMPLATE, QUESTION_TEMPLATE, number_digits,
     )  # fmt: skip
     # The gold answer is appended: the model must take the prompt plus the answer's tokens.
-    answer_len = len(tokenizer(" 999999", add_special_tokens=False)["input_ids"])
+    answer_len = len(tokenizer(" " + "9" * number_digits, add_special_tokens=False)["input_ids"])
     check_context_length(model, context_length + answer_len - 1, "--context-length plus the answer")
     rng = np.random.default_rng(seed)
     device = model_device(model)
@@ -139,7 +141,7 @@ def run_attention(
             for _ in range(samples):
                 sample = make_needle_sample(
                     tokenizer, stream, context_tokens=context_length, num_needles=num_needles,
-                    num_queries=num_queries, depth=depth, rng=rng,
+                    num_queries=num_queries, depth=depth, rng=rng, number_digits=number_digits,
                 )  # fmt: skip
                 prompt, answer = sample.prompt_ids[0], sample.answer_ids[0]
                 ids = torch.tensor([prompt + answer[:-1]], device=device)

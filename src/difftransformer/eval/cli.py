@@ -47,6 +47,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     needle.add_argument("--needle-template", default=None, help="needle sentence with {city} and {number}")
     needle.add_argument("--question-template", default=None, help="question with {cities} and {city}, ending in "
                         "the answer prefix")  # fmt: skip
+    needle.add_argument("--needle-digits", type=int, default=6, help="digits of the magic numbers (default 6; "
+                        "models from `compare --preset tiny` were trained on 3)")  # fmt: skip
     needle.add_argument("--per-layer", action="store_true", help="attention: also report shares per layer")
 
     stream = parser.add_argument_group("outliers, quant, longctx")
@@ -107,7 +109,10 @@ def _needle_options(args: argparse.Namespace, default_pairs: str, default_sample
         samples=args.samples if args.samples is not None else default_samples,
         needle_template=args.needle_template or NEEDLE_TEMPLATE,
         question_template=args.question_template or QUESTION_TEMPLATE,
+        number_digits=args.needle_digits,
     )
+    if args.needle_digits < 1:
+        raise ValueError(f"--needle-digits must be >= 1; got {args.needle_digits}")
     for key, fields in (("needle_template", ("{city}", "{number}")), ("question_template", ("{city}",))):
         missing = [f for f in fields if f not in options[key]]
         if missing:
@@ -146,8 +151,8 @@ def run(args: argparse.Namespace) -> int:
         (n, r), length = options["needle_configs"][0], options["context_lengths"][0]
         results = run_attention(
             model, tokenizer, texts, context_length=length, num_needles=n, num_queries=r,
-            depths=options["depths"], samples=options["samples"], per_layer=args.per_layer, seed=rng_seed,
-            output_dir=output_dir, progress=progress,
+            depths=options["depths"], samples=options["samples"], per_layer=args.per_layer,
+            number_digits=options["number_digits"], seed=rng_seed, output_dir=output_dir, progress=progress,
         )  # fmt: skip
         summary = {
             f"{e['depth']:.0%}": (round(e["answer"], 4), round(e["context"], 4)) for e in results["by_depth"]
