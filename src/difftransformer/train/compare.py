@@ -1,5 +1,6 @@
 """`difftransformer compare`: train DIFF and its matched Transformer (and DIFF V2) alike, evaluate them on the same
-held-out data, and write report.md / report.html with PNG plots.
+held-out data with the whole evaluation suite (light settings scaled to the preset), and write report.md /
+report.html with PNG plots.
 
 Every variant of a seed gets the same blocks in the same order (one tokenizer, one packed and needle-mixed
 training set, Trainer's sampler seeded with the run seed) and the same optimizer recipe: only the attention
@@ -18,8 +19,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from difftransformer.eval.cli import TASKS
 from difftransformer.eval.common import pyplot, read_json, save_figure, write_json
-from difftransformer.eval.needle import parse_needle_configs, run_needle
+from difftransformer.eval.needle import parse_needle_configs
 from difftransformer.models import ATTENTION_KINDS, DiffTransformerForCausalLM
 from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.cli import add_data_options, options_for, resolved_preset
@@ -28,6 +30,8 @@ from difftransformer.train.presets import Preset
 from difftransformer.train.report import Report, mean_spread
 from difftransformer.train.runner import METRICS_CSV, SUMMARY_JSON, train_model
 from difftransformer.train.scaling import fit_power_law, matching_ratio
+from difftransformer.train.suite import SuiteSettings, parse_tasks, run_suite, suite_options
+from difftransformer.train.suite_report import ahead, suite_sections, suite_verdict
 
 LABELS = {"diff": "DIFF", "softmax": "Transformer", "diff_v2": "DIFF V2"}
 
@@ -50,6 +54,13 @@ def _variants(text: str) -> list[str]:
             f"--variants must be distinct names from {ATTENTION_KINDS}; got {text!r}"
         )
     return variants
+
+
+def _tasks(text: str) -> tuple[str, ...]:
+    try:
+        return parse_tasks(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -81,17 +92,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "loss against tokens",
     )
     parser.add_argument(
+        "--tasks",
+        type=_tasks,
+        default=TASKS,
+        help="evaluation tasks to run on every trained model with light settings, comma-separated: "
+        f"{', '.join(TASKS)} (default: all)",
+    )
+    parser.add_argument(
         "--needles",
         type=parse_needle_configs,
         default=[(1, 1), (2, 2), (4, 2)],
-        help="multi-needle retrieval configurations N:R (N needles, R queried), comma-separated "
-        "(default: 1:1,2:2,4:2)",
+        help="multi-needle retrieval configurations N:R (N needles, R queried), comma-separated, for the needle "
+        "task and quant's needle check (default: 1:1,2:2,4:2)",
     )
     parser.add_argument(
         "--needle-samples",
         type=int,
-        default=6,
-        help="multi-needle retrieval samples per (needles, depth) cell, context = block size (default: 8)",
+        default=SuiteSettings.needle_samples,
+        help="multi-needle retrieval samples per (needles, depth) cell, context = block size "
+        f"(default: {SuiteSettings.needle_samples})",
     )
     parser.add_argument(
         "--test-blocks",
@@ -104,7 +123,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 @dataclass
 class RunRecord:
-    """One trained model: which variant, seed and scale, where it lives, and what it scored."""
+    """One trained model: which variant, seed and scale, where it lives, and what it scored (``suite``: what
+    :func:`difftransformer.train.suite.run_suite` returned)."""
 
     variant: str
     seed: int
@@ -116,7 +136,7 @@ class RunRecord:
     train_seconds: float
     validation_loss: float
     test_loss: float
-    needle: dict
+    suite: dict
 
     def to_json(self) -> dict:
         return {**dataclasses.asdict(self), "folder": str(self.folder)}
@@ -142,9 +162,12 @@ def train_and_evaluate(
     seed: int,
     scale: str,
     folder: Path,
+    settings: SuiteSettings,
     args: argparse.Namespace,
 ) -> RunRecord:
-    """Train one model (resuming a killed run, reusing a finished one) and evaluate it on the test split."""
+    """Train one model (resuming a killed run, reusing a finished one) and evaluate it on the test split: test loss
+    and the evaluation suite, whose files go to FOLDER/eval/TASK/ (a task already run on this model with the same
+    settings is reused from evaluation.json)."""
     tokenizer = data.tokenizer
     if not (folder / SUMMARY_JSON).is_file():
         config = preset.model_config(
@@ -165,32 +188,27 @@ def train_and_evaluate(
         )
     summary = read_json(folder / SUMMARY_JSON)
     model = DiffTransformerForCausalLM.from_pretrained(folder).eval()
-    test_loss = mean_loss(model, data.test_blocks[: args.test_blocks], args.per_device_eval_batch_size)
-    needle = {}
-    if args.needle_samples > 0:
-        needle = run_needle(
-            model,
-            tokenizer,
-            data.test_texts,
-            context_lengths=(preset.block_size,),
-            needle_configs=args.needles,
-            samples=args.needle_samples,
-            number_digits=preset.needle_digits,
-            seed=1234,
-            progress=True,
-        )
-    record = RunRecord(
-        variant=variant,
-        seed=seed,
-        scale=scale,
-        folder=folder,
+    trained = dict(
         parameters=summary["parameters"],
         tokens=summary["global_step"] * preset.tokens_per_step(),
         tokens_per_second=summary["tokens_per_second"],
         train_seconds=summary["train_seconds"],
         validation_loss=summary["final_eval_loss"],
-        test_loss=test_loss,
-        needle=needle,
+    )
+    previous = None
+    if (folder / "evaluation.json").is_file():
+        earlier = read_json(folder / "evaluation.json")
+        # Only an evaluation of this very training run (same summary) may be reused.
+        if all(earlier.get(key) == value for key, value in trained.items()):
+            previous = earlier.get("suite")
+    test_loss = mean_loss(model, data.test_blocks[: args.test_blocks], args.per_device_eval_batch_size)
+    suite = run_suite(model, tokenizer, data.test_texts, settings, folder / "eval", previous=previous)
+    tqdm.write(
+        f"{LABELS[variant]} {scale} seed {seed} evaluated in seconds: "
+        + ", ".join(f"{task} {sec:.1f}" for task, sec in suite["seconds"].items())
+    )
+    record = RunRecord(
+        variant=variant, seed=seed, scale=scale, folder=folder, test_loss=test_loss, suite=suite, **trained
     )
     write_json(folder / "evaluation.json", record.to_json())
     return record
@@ -249,27 +267,6 @@ def plot_curves(records: list[RunRecord], path: Path) -> None:
     save_figure(figure, path)
 
 
-def plot_needles(records: list[RunRecord], variants: list[str], configs, path: Path) -> None:
-    """Mean retrieval accuracy per (N needles : R queries), one bar group per variant."""
-    plt = pyplot()
-    figure, axis = plt.subplots(figsize=(7, 4))
-    keys = [f"{n}:{r}" for n, r in configs]
-    width = 0.8 / len(variants)
-    for i, variant in enumerate(variants):
-        means = [
-            sum(r.needle["by_config"][k] for r in records if r.variant == variant)
-            / max(1, sum(r.variant == variant for r in records))
-            for k in keys
-        ]
-        axis.bar([j + i * width for j in range(len(keys))], means, width, label=LABELS[variant])
-    axis.set_xticks(
-        [j + 0.4 - width / 2 for j in range(len(keys))], [f"N={k.replace(':', ', R=')}" for k in keys]
-    )
-    axis.set(ylabel="exact-match accuracy", ylim=(0, 1), title="multi-needle retrieval (held-out plays)")
-    axis.legend()
-    save_figure(figure, path)
-
-
 def plot_scaling(points: dict[str, list[tuple[float, float]]], xlabel: str, path: Path) -> dict:
     """Loss against x (log-log) per variant with its fitted power law; returns the fits."""
     plt = pyplot()
@@ -313,7 +310,6 @@ def build_report(
         "test loss",
         "test perplexity",
     ]
-    header += [f"needle N:R={n}:{r}" for n, r in args.needles]
     rows = []
     for scale in scales:
         for variant in variants:
@@ -328,56 +324,36 @@ def build_report(
                 mean_spread([r.test_loss for r in runs]),
                 mean_spread([math.exp(r.test_loss) for r in runs], 1),
             ]
-            row += [
-                mean_spread([r.needle["by_config"][f"{n}:{q}"] for r in runs], 2) if runs[0].needle else "-"
-                for n, q in args.needles
-            ]
             rows.append(row)
     report.table(header, rows)
     report.paragraph(
-        "Values are mean ± sample standard deviation across seeds. Needle columns: share of queried magic "
-        f"numbers recalled exactly by greedy decoding, {args.needle_samples} samples per depth (0-100%) and "
-        f"configuration, {preset.block_size}-token contexts from held-out plays."
+        "Values here and in every table below are mean ± sample standard deviation across seeds; the test "
+        f"loss is over {min(args.test_blocks, data.test_blocks.shape[0])} held-out blocks."
     )
     report.paragraph(verdict(records, variants))
     plot_curves(records, out / "loss_curves.png")
     report.image("loss_curves.png", "training and validation loss, all runs overlaid")
-    if any(r.needle for r in records):
-        plot_needles(records, variants, args.needles, out / "needle_accuracy.png")
-        report.image("needle_accuracy.png", "multi-needle retrieval accuracy")
+    groups = [
+        (
+            LABELS[variant] + (f" {scale}" if len(scales) > 1 else ""),
+            [r.suite for r in records if r.variant == variant and r.scale == scale],
+        )
+        for scale in scales
+        for variant in variants
+    ]
+    suite_sections(report, groups, out)
     if len(scales) > 1:
         scaling_section(report, records, variants, out, by="parameters" if args.sizes else "tokens")
     return report
 
 
 def verdict(records: list[RunRecord], variants: list[str]) -> str:
-    """One sentence per measure saying which variant came out ahead, whichever it is."""
-
-    def mean(variant: str, value) -> float:
-        runs = [r for r in records if r.variant == variant]
-        return sum(value(r) for r in runs) / len(runs)
-
-    loss = {v: mean(v, lambda r: r.test_loss) for v in variants}
-    best = min(loss, key=loss.get)
-    text = (
-        f"Lowest test loss: {LABELS[best]} ({loss[best]:.3f}; "
-        + ", ".join(f"{LABELS[v]} {loss[v]:.3f}" for v in variants if v != best)
-        + ")."
-    )
-    if all(r.needle for r in records):
-        acc = {
-            v: mean(v, lambda r: sum(r.needle["by_config"].values()) / len(r.needle["by_config"]))
-            for v in variants
-        }
-        top = max(acc, key=acc.get)
-        if all(acc[v] == acc[top] for v in variants):
-            return text + f" Retrieval accuracy: a tie at {acc[top]:.2f}."
-        text += (
-            f" Best mean retrieval accuracy: {LABELS[top]} ({acc[top]:.2f}; "
-            + ", ".join(f"{LABELS[v]} {acc[v]:.2f}" for v in variants if v != top)
-            + ")."
-        )
-    return text
+    """One sentence per measure (test loss, then every suite measure) saying which variant came out ahead,
+    whichever it is; each variant's value is the mean over its runs."""
+    by_variant = {LABELS[v]: [r for r in records if r.variant == v] for v in variants}
+    loss = {label: sum(r.test_loss for r in runs) / len(runs) for label, runs in by_variant.items()}
+    suites = {label: [r.suite for r in runs] for label, runs in by_variant.items()}
+    return " ".join([ahead("test loss", loss, False, 3), *suite_verdict(suites)])
 
 
 def scaling_section(
@@ -415,16 +391,19 @@ def run_comparison(data: PreparedData, preset: Preset, args: argparse.Namespace)
     out.mkdir(parents=True, exist_ok=True)
     data.tokenizer.save_pretrained(str(out / "tokenizer"))
     seeds = args.seeds if args.seeds is not None else [args.seed]
-    plan = [
-        (scale, scaled, variant, seed)
-        for scale, scaled in scaled_presets(preset, args)
-        for seed in seeds
-        for variant in args.variants
-    ]
+    scales = []
+    for scale, scaled in scaled_presets(preset, args):
+        settings = SuiteSettings.for_preset(
+            scaled, tasks=args.tasks, needles=tuple(args.needles), needle_samples=args.needle_samples
+        )
+        # Refuse settings the held-out text or the tokenizer cannot serve before anything is trained.
+        suite_options(settings, data.tokenizer, data.test_texts)
+        scales.append((scale, scaled, settings))
+    plan = [(*scale, variant, seed) for scale in scales for seed in seeds for variant in args.variants]
     records = []
-    for scale, scaled, variant, seed in tqdm(plan, desc="compare", unit="run"):
+    for scale, scaled, settings, variant, seed in tqdm(plan, desc="compare", unit="run"):
         folder = out / "runs" / f"{scale}-{variant}-seed{seed}"
-        records.append(train_and_evaluate(data, scaled, variant, seed, scale, folder, args))
+        records.append(train_and_evaluate(data, scaled, variant, seed, scale, folder, settings, args))
     write_json(out / "results.json", {"runs": [r.to_json() for r in records]})
     markdown, _ = build_report(records, args.variants, data, preset, args, out).write(out)
     return markdown
@@ -432,8 +411,10 @@ def run_comparison(data: PreparedData, preset: Preset, args: argparse.Namespace)
 
 def run(args: argparse.Namespace) -> int:
     preset = resolved_preset(args)
-    if args.needle_samples < 0:
-        raise ValueError(f"--needle-samples must be >= 0; got {args.needle_samples}")
+    if args.needle_samples < 1:
+        raise ValueError(
+            f"--needle-samples must be >= 1 (leave needle out of --tasks to skip it); got {args.needle_samples}"
+        )
     data = prepare_data(
         data=args.data,
         tokenizer_path=args.tokenizer,
