@@ -89,3 +89,28 @@ def test_diff_v2_component_maps_combine_with_a_per_token_sigmoid_lambda():
     torch.testing.assert_close(first.sum(-1), torch.ones(2, 4, 5, dtype=torch.float64))
     fast, _ = attn(x, (cos, sin))
     torch.testing.assert_close(fast, out)
+
+
+def test_inference_lambda_follows_the_weights():
+    """Without grad the layer remembers lambda; an in-place update or a train/eval switch (optimizers may write
+    through .data, which bumps no version) must make it recompute, never serve a stale value."""
+    torch.manual_seed(1)
+    attn = DiffAttention(64, num_heads=2, num_kv_heads=2, layer_idx=1).eval()
+    x = torch.randn(1, 5, 64)
+    cos, sin = RotaryEmbedding(attn.head_dim)(torch.arange(5)[None], torch.float32)
+
+    def run() -> torch.Tensor:
+        with torch.no_grad():
+            return attn(x, (cos, sin))[0]
+
+    before = run()
+    with torch.no_grad():
+        attn.lambda_q1.add_(0.5)  # bumps the version counter
+    after_update = run()
+    assert not torch.allclose(before, after_update)
+    with torch.enable_grad():
+        torch.testing.assert_close(after_update, attn(x, (cos, sin))[0].detach())
+    attn.lambda_k1.data.mul_(-1.0)  # no version bump: only the train/eval switch can tell
+    attn.train().eval()
+    with torch.enable_grad():
+        torch.testing.assert_close(run(), attn(x, (cos, sin))[0].detach())

@@ -106,9 +106,16 @@ class DiffAttention(nn.Module):
         lambda_2 = torch.exp(torch.sum(self.lambda_q2.to(dtype) * self.lambda_k2.to(dtype)))
         return lambda_1 - lambda_2 + self.lambda_init
 
+    def train(self, mode: bool = True) -> DiffAttention:
+        # Optimizers may update the weights without bumping their version counters (e.g. through .data):
+        # every switch between training and evaluation forgets the remembered lambda.
+        self._lambda_memo = None
+        return super().train(mode)
+
     def _inference_lambda_full(self) -> torch.Tensor:
-        """lambda_full(), remembered while the lambda vectors stay the same (same storage, no in-place change):
-        a one-token decode step would otherwise spend eight tiny ops per layer recomputing one scalar."""
+        """lambda_full(), remembered while the lambda vectors stay the same (same storage, no in-place change,
+        no train/eval switch): a one-token decode step would otherwise spend eight tiny ops per layer
+        recomputing one scalar."""
         if torch.compiler.is_compiling():
             return self.lambda_full()
         vectors = (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2)

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -48,6 +49,25 @@ inline float exp_nonpositive(float x) {
   std::memcpy(&two_n, &bits, sizeof(float));
   return p * two_n;
 }
+
+// Scratch memory on 64-byte boundaries, as PyTorch allocates tensors: BLAS kernels may round differently
+// depending on an operand's alignment, and malloc's varies between runs, which would break the bit-exact
+// reproducibility a resumed training run relies on.
+class Scratch {
+ public:
+  explicit Scratch(int64_t size)
+      : data_(static_cast<float*>(std::aligned_alloc(64, ((size * sizeof(float) + 63) / 64) * 64))) {
+    TORCH_CHECK(data_ != nullptr, "out of memory for attention scratch");
+  }
+  ~Scratch() { std::free(data_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  float* data() { return data_; }
+  float& operator[](int64_t i) { return data_[i]; }
+
+ private:
+  float* data_;
+};
 
 struct Strided {
   float* data;
@@ -118,7 +138,7 @@ std::vector<torch::Tensor> diff_attention_forward(torch::Tensor q, torch::Tensor
   const int64_t lse_map = batch * heads * q_len;
 
   at::parallel_for(0, batch * heads * q_blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s1(block_q * block_k), s2(block_q * block_k), acc1(block_q * width), acc2(block_q * width);
+    Scratch s1(block_q * block_k), s2(block_q * block_k), acc1(block_q * width), acc2(block_q * width);
     std::vector<float> m1(block_q), m2(block_q), l1(block_q), l2(block_q);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / (heads * q_blocks), i = item / q_blocks % heads, t0 = item % q_blocks * block_q;
@@ -131,8 +151,8 @@ std::vector<torch::Tensor> diff_attention_forward(torch::Tensor q, torch::Tensor
       std::fill(m2.begin(), m2.end(), -1e30f);
       std::fill(l1.begin(), l1.end(), 0.0f);
       std::fill(l2.begin(), l2.end(), 0.0f);
-      std::fill(acc1.begin(), acc1.end(), 0.0f);
-      std::fill(acc2.begin(), acc2.end(), 0.0f);
+      std::fill(acc1.data(), acc1.data() + block_q * width, 0.0f);
+      std::fill(acc2.data(), acc2.data() + block_q * width, 0.0f);
       for (int64_t j0 = 0; j0 < key_end; j0 += block_k) {
         const int cols = static_cast<int>(std::min(block_k, key_end - j0));
         gemm(false, true, rows, cols, d, alpha, qp, Q.row, kp + j0 * K.row, K.row, 0.0f, s1.data(), block_k);
@@ -189,7 +209,7 @@ std::vector<torch::Tensor> diff_attention_backward(torch::Tensor grad_out, torch
   // One (batch, head) per task: its dk and dv rows are written by no other task.
   at::parallel_for(0, batch * heads, 1, [&](int64_t begin, int64_t end) {
     const int64_t tile = block_q * block_k;
-    std::vector<float> p1(tile), p2(tile), p(tile), dp(tile);
+    Scratch p1(tile), p2(tile), p(tile), dp(tile);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / heads, i = item % heads;
       const float* kp = K.at(b, i / rep, 0);
@@ -262,7 +282,7 @@ torch::Tensor diff_attention_decode(torch::Tensor q, torch::Tensor k, torch::Ten
   const float lam = static_cast<float>(lambda_full), alpha = static_cast<float>(scale);
 
   at::parallel_for(0, batch * heads * q_len, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> w1(kv_len), w2(kv_len);
+    Scratch w1(kv_len), w2(kv_len);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / (heads * q_len), i = item / q_len % heads, t = item % q_len;
       const float* q1 = Q.at(b, i, t);
