@@ -26,6 +26,7 @@ from transformers import (
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from difftransformer.models import DiffTransformerConfig, DiffTransformerForCausalLM
+from difftransformer.ops import fused_cpu_available
 from difftransformer.train.callbacks import CsvMetrics, ProgressBar
 from difftransformer.train.checkpoints import (
     CompletionMarker,
@@ -201,6 +202,8 @@ def train_model(
         set_seed(options.seed)  # the same initial weights for the same seed and config
         model = DiffTransformerForCausalLM(config)
         world = args.world_size
+        if config.attention == "diff" and args.device.type == "cpu":
+            fused_cpu_available()  # compile the CPU kernel now (first use only), not inside the timed steps
         block_size = _check_blocks(train_blocks, eval_blocks, config)
         tokens_per_step = (
             block_size * options.per_device_train_batch_size * options.gradient_accumulation_steps * world
