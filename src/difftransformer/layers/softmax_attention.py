@@ -49,11 +49,13 @@ class SoftmaxAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Project and rotate: q (B, num_q_heads, T, d), k and v (B, H_kv, T, d)."""
         batch, q_len, _ = hidden_states.shape
-        q = self.q_proj(hidden_states).view(batch, q_len, num_q_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(hidden_states).view(batch, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(hidden_states).view(batch, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = (t[:, None] for t in position_embeddings)
-        return apply_rotary(q, cos, sin, self.rope_style), apply_rotary(k, cos, sin, self.rope_style), v
+        q = self.q_proj(hidden_states).view(batch, q_len, num_q_heads, self.head_dim)
+        k = self.k_proj(hidden_states).view(batch, q_len, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(hidden_states).view(batch, q_len, self.num_kv_heads, self.head_dim)
+        cos, sin = position_embeddings[0].unsqueeze(2), position_embeddings[1].unsqueeze(2)
+        q = apply_rotary(q, cos, sin, self.rope_style)
+        k = apply_rotary(k, cos, sin, self.rope_style)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def attend(
         self,

@@ -71,8 +71,8 @@ def diff_attention_decode(
     if attn_mask is not None or (causal and q_len > 1):  # a single query sees every cached key
         mask = build_attend_mask(batch, q_len, kv_len, causal=causal, attn_mask=attn_mask, device=q.device)
     out = F.scaled_dot_product_attention(
-        q_pad.view(batch, 2 * heads, q_len, 2 * head_dim), k, v, attn_mask=mask, scale=1.0, enable_gqa=True
-    ).view(batch, kv_heads, 2, n_rep, q_len, 2 * head_dim)
+        q_pad.reshape(batch, 2 * heads, q_len, 2 * head_dim), k, v, attn_mask=mask, scale=1.0, enable_gqa=True
+    ).reshape(batch, kv_heads, 2, n_rep, q_len, 2 * head_dim)  # SDPA may return any layout
     if isinstance(lambda_full, torch.Tensor):
         lambda_full = lambda_full.to(out.dtype)
-    return (out[:, :, 0] - lambda_full * out[:, :, 1]).view(batch, heads, q_len, 2 * head_dim)
+    return (out[:, :, 0] - lambda_full * out[:, :, 1]).reshape(batch, heads, q_len, 2 * head_dim)
