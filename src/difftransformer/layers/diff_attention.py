@@ -15,10 +15,11 @@ from difftransformer.layers.norm import RMSNorm
 from difftransformer.layers.rotary import RopeStyle, apply_rotary
 from difftransformer.ops import diff_attention, diff_attention_reference
 from difftransformer.ops.diff_attention import DECODE_MAX_QUERIES
-from difftransformer.ops.fused_cpu import decode_cpu_applies, diff_attention_decode_cpu
+from difftransformer.ops.fused_cpu import decode_cpu_applies, decode_step
 
 SublnMode = Literal["affine", "plain", "none"]
 SUBLN_MODES: tuple[str, ...] = ("affine", "plain", "none")
+LAMBDA_NAMES = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
 LogitsHook = Callable[[nn.Module, torch.Tensor], torch.Tensor]
 
 
@@ -74,7 +75,7 @@ class DiffAttention(nn.Module):
             backend,
         )
         self.logits_hook: LogitsHook | None = None
-        self._lambda_memo: tuple[tuple, torch.Tensor] | None = None
+        self._lambda_memo: tuple[list, torch.Tensor, float] | None = None
 
         width = 2 * self.head_dim
         self.q_proj = nn.Linear(hidden_size, num_heads * width, bias=False)
@@ -118,11 +119,18 @@ class DiffAttention(nn.Module):
         recomputing one scalar."""
         if torch.compiler.is_compiling():
             return self.lambda_full()
-        vectors = (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2)
-        key = tuple((v.data_ptr(), v._version, v.dtype) for v in vectors)
+        return self._remembered_lambda()[1]
+
+    def _remembered_lambda(self) -> tuple[list, torch.Tensor, float]:
+        """(key, lambda_full(), its float), recomputed when a lambda vector's storage or version changes."""
+        # Read from _parameters directly: nn.Module's attribute lookup would cost a decode step more than the check.
+        key = [
+            (vector.data_ptr(), vector._version) for vector in map(self._parameters.__getitem__, LAMBDA_NAMES)
+        ]
         if self._lambda_memo is None or self._lambda_memo[0] != key:
-            self._lambda_memo = (key, self.lambda_full())
-        return self._lambda_memo[1]
+            value = self.lambda_full()
+            self._lambda_memo = (key, value, float(value))
+        return self._lambda_memo
 
     def forward(
         self,
@@ -146,15 +154,40 @@ class DiffAttention(nn.Module):
             (B, T, d_model), and the maps or None.
         """
         batch, q_len, _ = hidden_states.shape
-        width = 2 * self.head_dim
-        q = self.q_proj(hidden_states).view(batch, q_len, self.num_heads, 2, self.head_dim).transpose(1, 2)
-        k = self.k_proj(hidden_states).view(batch, q_len, self.num_kv_heads, 2, self.head_dim).transpose(1, 2)
+        width, d = 2 * self.head_dim, self.head_dim
+        # Rotated in the projections' (B, T, sub-heads, d) layout: each Q/K half is a sub-head that rotates alone.
+        cos, sin = position_embeddings[0].unsqueeze(2), position_embeddings[1].unsqueeze(2)
+        q = self.q_proj(hidden_states).view(batch, q_len, 2 * self.num_heads, d)
+        k = self.k_proj(hidden_states).view(batch, q_len, 2 * self.num_kv_heads, d)
+        q = (
+            apply_rotary(q, cos, sin, self.rope_style)
+            .view(batch, q_len, self.num_heads, width)
+            .transpose(1, 2)
+        )
+        k = (
+            apply_rotary(k, cos, sin, self.rope_style)
+            .view(batch, q_len, self.num_kv_heads, width)
+            .transpose(1, 2)
+        )
         v = self.v_proj(hidden_states).view(batch, q_len, self.num_kv_heads, width).transpose(1, 2)
-        cos, sin = (t[:, None, :, None, :] for t in position_embeddings)  # each Q/K sub-head rotates alone
-        q = apply_rotary(q, cos, sin, self.rope_style).flatten(-2)
-        k = apply_rotary(k, cos, sin, self.rope_style).flatten(-2)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
+
+        if (
+            q_len <= DECODE_MAX_QUERIES
+            and attention_mask is None
+            and self.subln is not None
+            and self.backend in ("auto", "decode")
+            and not (output_attentions or output_component_maps or self.logits_hook is not None)
+            and decode_cpu_applies(q, None)
+        ):
+            # Generation on CPU: attention, per-head norm and output scale in one kernel call. q, k, v are this
+            # layer's own, so the operator's input checks are skipped: at one token a step, Python is the cost.
+            subln = self.subln
+            norm = (subln.weight, subln.eps, 1.0 - self.lambda_init)
+            lambda_value = self._remembered_lambda()[2]
+            out = decode_step(q, k, v, lambda_value, self.head_dim**-0.5, self.is_causal, norm)
+            return self.o_proj(out.transpose(1, 2).reshape(batch, q_len, self.num_heads * width)), None
 
         lambda_full = self._inference_lambda_full() if not torch.is_grad_enabled() else self.lambda_full()
         causal = self.is_causal and attention_mask is None
@@ -170,16 +203,6 @@ class DiffAttention(nn.Module):
                 q, k, v, lambda_full, causal=causal, attn_mask=attention_mask, logits_hook=hook,
                 return_maps=output_attentions or output_component_maps,
             )  # fmt: skip
-        elif (
-            self.backend in ("auto", "decode")
-            and q_len <= DECODE_MAX_QUERIES
-            and self.subln is not None
-            and decode_cpu_applies(q, attention_mask)
-        ):
-            # Generation on CPU: attention, per-head norm and output scale in one kernel call.
-            norm = (self.subln.weight, self.subln.eps, 1.0 - self.lambda_init)
-            out = diff_attention_decode_cpu(q, k, v, lambda_full, causal=causal, norm=norm)
-            return self._project_out(out, output_component_maps, maps)
         else:
             out = diff_attention(
                 q, k, v, lambda_full, causal=causal, attn_mask=attention_mask, backend=self.backend

@@ -177,7 +177,19 @@ def diff_attention_decode_cpu(
     _, _, _, _, _, head_dim = check_diff_inputs(q, k, v)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     scale = head_dim**-0.5 if scale is None else float(scale)
+    return decode_step(q, k, v, _lambda_value(lambda_full), scale, causal, norm)
+
+
+def decode_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lambda_value: float,
+    scale: float,
+    causal: bool,
+    norm: tuple[torch.Tensor | None, float, float] | None,
+) -> torch.Tensor:
+    """:func:`diff_attention_decode_cpu` without its checks, for a caller that guarantees the layout (the layer's
+    generation step, where a one-token step's Python overhead is what is left to save)."""
     gain, eps, out_scale = norm if norm is not None else (None, 0.0, 1.0)
-    return _extension().decode(
-        q, k, v, _lambda_value(lambda_full), scale, causal, norm is not None, gain, eps, out_scale
-    )
+    return _extension().decode(q, k, v, lambda_value, scale, causal, norm is not None, gain, eps, out_scale)
