@@ -11,7 +11,7 @@ import torch
 from difftransformer.bench import cli
 from difftransformer.bench.check import CASES, check_backends
 from difftransformer.bench.report import format_table, load_json, ratio_row, write_json
-from difftransformer.bench.timing import interleaved_medians
+from difftransformer.bench.timing import interleaved_medians, interleaved_steps
 from difftransformer.bench.workloads import (
     BenchShape,
     GreedyDecode,
@@ -21,6 +21,20 @@ from difftransformer.bench.workloads import (
 )
 
 TINY = BenchShape(d_model=32, layers=1, diff_heads=2, vocab=64, batch=2)
+
+
+def test_interleaved_steps_takes_turns_step_by_step_and_drops_warmup():
+    calls: list[str] = []
+    contenders = {
+        name: (lambda name=name: calls.append(f"{name}:setup"), lambda name=name: calls.append(name))
+        for name in ("a", "b")
+    }
+    result = interleaved_steps(contenders, steps=3, repeats=2, warmup=1, device=torch.device("cpu"), desc="t")
+    one_round = ["a:setup", "b:setup", "a", "b", "a", "b", "a", "b"]
+    assert calls == one_round * 3
+    assert all(len(r["runs_s"]) == 2 and r["median_s"] >= 0 for r in result.values())
+    with pytest.raises(ValueError, match="steps"):
+        interleaved_steps(contenders, steps=0, repeats=5, warmup=0, device=torch.device("cpu"), desc="t")
 
 
 def test_interleaved_medians_runs_each_contender_in_turn():
@@ -76,9 +90,12 @@ def test_contenders_share_one_function_and_decode_greedily():
     torch.testing.assert_close(models["diffllama"](ids).logits, diff_logits)
     assert not torch.allclose(models["baseline"](ids).logits, diff_logits)  # a different model, same seed
     run = GreedyDecode(models["diff"], ids, new_tokens=5)
-    run()
     expected = models["diff"].generate(ids, max_new_tokens=5, do_sample=False, eos_token_id=None)
-    assert torch.equal(run.tokens, expected[:, 10:]) and len(run.decode_s) == 1
+    for _ in range(2):  # a second prefill starts afresh
+        run.prefill()
+        for _ in range(run.steps):
+            run.step()
+        assert torch.equal(run.tokens, expected[:, 10:])
 
 
 def test_check_passes_on_cpu_for_the_fast_paths():

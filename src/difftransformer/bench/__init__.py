@@ -2,7 +2,7 @@
 
 from difftransformer.bench.check import check_backends
 from difftransformer.bench.report import format_table, load_json, plot_ratios, ratio_row, write_json
-from difftransformer.bench.timing import interleaved_medians
+from difftransformer.bench.timing import interleaved_medians, interleaved_steps
 from difftransformer.bench.workloads import (
     BenchShape,
     GreedyDecode,
@@ -20,6 +20,7 @@ __all__ = [
     "check_backends",
     "format_table",
     "interleaved_medians",
+    "interleaved_steps",
     "load_json",
     "op_contenders",
     "plot_ratios",

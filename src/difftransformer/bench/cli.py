@@ -18,7 +18,7 @@ import torch
 
 from difftransformer.bench.check import check_backends
 from difftransformer.bench.report import format_table, plot_ratios, ratio_row, write_json
-from difftransformer.bench.timing import interleaved_medians
+from difftransformer.bench.timing import interleaved_medians, interleaved_steps
 from difftransformer.bench.workloads import (
     BenchShape,
     GreedyDecode,
@@ -105,6 +105,11 @@ def _validate(args: argparse.Namespace) -> None:
             raise SystemExit(
                 f"--{name.replace('_', '-')} must be positive integers; got {getattr(args, name)}"
             )
+    if args.new_tokens < 2 or args.prompt_len < 1:
+        raise SystemExit(
+            f"--new-tokens must be >= 2 (the first comes from the prompt, the rest are timed) and --prompt-len >= 1; "
+            f"got {args.new_tokens} and {args.prompt_len}"
+        )
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(
@@ -162,13 +167,15 @@ def bench_decode(args, shape, device, dtype) -> list[dict]:
     for batch in args.decode_batches:
         prompt = random_ids(shape, args.prompt_len, device, args.seed, batch=batch)
         runs = {name: GreedyDecode(model, prompt, args.new_tokens) for name, model in models.items()}
-        interleaved_medians(
-            runs, repeats=args.repeats, warmup=args.warmup, device=device, desc=f"decode B={batch}"
+        times = interleaved_steps(
+            {name: (run.prefill, run.step) for name, run in runs.items()},
+            steps=args.new_tokens - 1,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            device=device,
+            desc=f"decode B={batch}",
         )
-        values = {}
-        for name, run in runs.items():
-            timed = sorted(run.decode_s[args.warmup :])
-            values[name] = batch * (args.new_tokens - 1) / timed[len(timed) // 2]
+        values = {name: batch * (args.new_tokens - 1) / t["median_s"] for name, t in times.items()}
         setting = f"B={batch} prompt={args.prompt_len}"
         rows.append(ratio_row("decode", setting, "tok/s", values, lower_is_better=False))
     return rows

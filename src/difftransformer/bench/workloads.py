@@ -10,7 +10,6 @@ import dataclasses
 import json
 import os
 import tempfile
-import time
 from collections.abc import Callable
 
 import torch
@@ -136,34 +135,34 @@ def train_step_fn(model: nn.Module, ids: torch.Tensor, lr: float = 1e-4) -> Call
 
 
 class GreedyDecode:
-    """Prefill a prompt into a DynamicCache, then ``new_tokens`` greedy steps of one token each.
-
-    Calling it runs both; ``decode_s`` collects the wall time of the decode steps alone (prefill excluded),
-    the figure tokens/s is computed from.
+    """Greedy decode with a DynamicCache, a step at a time: :meth:`prefill` the prompt, then :meth:`step` once per
+    new token (``new_tokens - 1`` times: prefill yields the first). The caller times the steps (prefill excluded),
+    so contenders can take turns token by token (:func:`~difftransformer.bench.timing.interleaved_steps`).
     """
 
     def __init__(self, model: nn.Module, prompt: torch.Tensor, new_tokens: int) -> None:
         self.model, self.prompt, self.new_tokens = model.eval(), prompt, new_tokens
-        self.decode_s: list[float] = []
-        self.tokens: torch.Tensor | None = None
+        self.steps = new_tokens - 1
+        self.generated: list[torch.Tensor] = []
+        self.cache = None
 
     @torch.inference_mode()
-    def __call__(self) -> None:
+    def prefill(self) -> None:
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config)
         out = self.model(input_ids=self.prompt, past_key_values=cache, use_cache=True)
-        token = out.logits[:, -1:].argmax(-1)
-        generated = [token]
-        start = time.perf_counter()
-        for _ in range(self.new_tokens - 1):
-            out = self.model(input_ids=token, past_key_values=out.past_key_values, use_cache=True)
-            token = out.logits[:, -1:].argmax(-1)
-            generated.append(token)
-        if token.device.type == "cuda":
-            torch.cuda.synchronize(token.device)
-        self.decode_s.append(time.perf_counter() - start)
-        self.tokens = torch.cat(generated, dim=1)
+        self.cache, self.generated = out.past_key_values, [out.logits[:, -1:].argmax(-1)]
+
+    @torch.inference_mode()
+    def step(self) -> None:
+        out = self.model(input_ids=self.generated[-1], past_key_values=self.cache, use_cache=True)
+        self.generated.append(out.logits[:, -1:].argmax(-1))
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """(B, tokens generated so far)."""
+        return torch.cat(self.generated, dim=1)
 
 
 # ---- peak memory ------------------------------------------------------------------------------------------
