@@ -86,6 +86,42 @@ def test_rms_norm_matches_its_definition():
     assert RMSNorm(10, elementwise_affine=False).weight is None
 
 
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("scale", [1.0, 0.7])
+def test_rms_norm_backward_matches_autograd_of_the_definition(affine, scale):
+    """The norm's own backward (it keeps x and 1/rms, not the normalised copy) against autograd through the
+    formula, in float64; then gradcheck, and what it keeps for the backward."""
+    torch.manual_seed(2)
+    norm = RMSNorm(12, eps=1e-5, elementwise_affine=affine).double()
+    if affine:
+        with torch.no_grad():
+            norm.weight.uniform_(0.5, 1.5)
+    x = (torch.randn(2, 5, 12, dtype=torch.float64) * 3).requires_grad_()
+    params = [x] + ([norm.weight] if affine else [])
+    gain = (norm.weight if affine else torch.ones(12, dtype=torch.float64)) * scale
+    expected = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * gain
+    grad = torch.randn_like(expected)
+    saved: list[int] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        out = norm(x, scale)
+    torch.testing.assert_close(out, expected)
+    for got, want in zip(torch.autograd.grad(out, params, grad), torch.autograd.grad(expected, params, grad)):
+        torch.testing.assert_close(got, want)
+    assert torch.autograd.gradcheck(lambda *p: norm(p[0], scale), tuple(params))
+    assert saved.count(x.numel()) == 1  # x itself, and no normalised copy beside it
+
+
+def test_rms_norm_in_bfloat16_normalises_in_float32_then_casts():
+    x = torch.randn(4, 16, dtype=torch.bfloat16, requires_grad=True)
+    norm = RMSNorm(16).to(torch.bfloat16)
+    expected = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)).bfloat16()
+    out = norm(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, expected)
+    out.float().sum().backward()
+    assert x.grad is not None and x.grad.dtype == torch.bfloat16 and norm.weight.grad.dtype == torch.bfloat16
+
+
 def test_diff_attention_module_standalone_with_padding_mask():
     torch.manual_seed(0)
     attn = DiffAttention(64, num_heads=2, num_kv_heads=1, layer_idx=3, subln="plain").double()
