@@ -16,6 +16,15 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def timed_call(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds of wall time one call of ``fn`` takes, queued device work included."""
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
 def interleaved_medians(
     contenders: dict[str, Callable[[], object]],
     *,
@@ -36,11 +45,7 @@ def interleaved_medians(
     runs: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in tqdm(range(repeats), desc=desc, unit="round", leave=False):
         for name, fn in contenders.items():
-            synchronize(device)
-            start = time.perf_counter()
-            fn()
-            synchronize(device)
-            runs[name].append(time.perf_counter() - start)
+            runs[name].append(timed_call(fn, device))
     return {name: {"median_s": statistics.median(r), "runs_s": r} for name, r in runs.items()}
 
 
@@ -73,11 +78,7 @@ def interleaved_steps(
         totals = dict.fromkeys(contenders, 0.0)
         for _ in range(steps):
             for name, (_, step) in contenders.items():
-                synchronize(device)
-                start = time.perf_counter()
-                step()
-                synchronize(device)
-                totals[name] += time.perf_counter() - start
+                totals[name] += timed_call(step, device)
         for name, total in totals.items():
             runs[name].append(total)
     runs = {name: r[warmup:] for name, r in runs.items()}

@@ -141,8 +141,7 @@ class GreedyDecode:
     """
 
     def __init__(self, model: nn.Module, prompt: torch.Tensor, new_tokens: int) -> None:
-        self.model, self.prompt, self.new_tokens = model.eval(), prompt, new_tokens
-        self.steps = new_tokens - 1
+        self.model, self.prompt, self.steps = model.eval(), prompt, new_tokens - 1
         self.generated: list[torch.Tensor] = []
         self.cache = None
 

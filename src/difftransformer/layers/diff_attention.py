@@ -186,7 +186,7 @@ class DiffAttention(nn.Module):
             subln = self.subln
             norm = (subln.weight, subln.eps, 1.0 - self.lambda_init)
             lambda_value = self._remembered_lambda()[2]
-            out = decode_step(q, k, v, lambda_value, self.head_dim**-0.5, self.is_causal, norm)
+            out = decode_step(q, k, v, lambda_value, d**-0.5, self.is_causal, norm)
             return self.o_proj(out.transpose(1, 2).reshape(batch, q_len, self.num_heads * width)), None
 
         lambda_full = self._inference_lambda_full() if not torch.is_grad_enabled() else self.lambda_full()
@@ -212,13 +212,6 @@ class DiffAttention(nn.Module):
         out = (
             out * (1.0 - self.lambda_init) if self.subln is None else self.subln(out, 1.0 - self.lambda_init)
         )
-        return self._project_out(out, output_component_maps, maps)
-
-    def _project_out(
-        self, out: torch.Tensor, output_component_maps: bool, maps: tuple[torch.Tensor, ...] | None
-    ) -> tuple[torch.Tensor, torch.Tensor | tuple[torch.Tensor, ...] | None]:
-        """Normalised heads (B, h, T, 2d) -> o_proj -> (B, T, d_model), with the maps asked for."""
-        batch, _, q_len, width = out.shape
         out = self.o_proj(out.transpose(1, 2).reshape(batch, q_len, self.num_heads * width))
         if output_component_maps:
             return out, maps

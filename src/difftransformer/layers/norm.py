@@ -6,9 +6,14 @@ import torch
 from torch import nn
 
 
+def _widened(x: torch.Tensor) -> torch.Tensor:
+    """x in float32, or as it is if already float32 or float64: the norm's working precision."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
 def _normalize(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """x / rms(x) computed in float32 (or float64), and 1 / rms(x) of shape (..., 1)."""
-    x_wide = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    x_wide = _widened(x)
     inv_rms = torch.rsqrt(x_wide.pow(2).mean(-1, keepdim=True) + eps)
     return x_wide * inv_rms, inv_rms
 
@@ -28,7 +33,7 @@ class _RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
         x, inv_rms, gain = ctx.saved_tensors
-        normed = (x if x.dtype in (torch.float32, torch.float64) else x.float()) * inv_rms
+        normed = _widened(x) * inv_rms
         grad = grad.to(normed.dtype)
         grad_gain = None
         if gain is not None:

@@ -59,9 +59,9 @@ def diff_attention_decode(
         lambda_full: scalar lambda.
         causal, attn_mask, scale: as for the reference (causal aligned bottom-right).
     """
-    batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v)
-    if decode_cpu_applies(q, attn_mask):
+    if decode_cpu_applies(q, attn_mask):  # it checks its inputs itself
         return diff_attention_decode_cpu(q, k, v, lambda_full, causal=causal, scale=scale)
+    batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v)
     n_rep = heads // kv_heads
     scale = head_dim**-0.5 if scale is None else scale
     select = _selector(q.dtype, q.device, scale)

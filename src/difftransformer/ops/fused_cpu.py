@@ -121,6 +121,15 @@ class _FusedDiffAttention(torch.autograd.Function):
         return dq, dk, dv, grad_lambda, None, None
 
 
+def _kernel_inputs(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """Checked q, k, v with the contiguous last dim the kernel reads, and the scale (default 1 / sqrt(d))."""
+    head_dim = check_diff_inputs(q, k, v)[-1]
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    return q, k, v, head_dim**-0.5 if scale is None else float(scale)
+
+
 def diff_attention_fused_cpu(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -133,7 +142,7 @@ def diff_attention_fused_cpu(
     """Same contract as :func:`~difftransformer.ops.diff_attention_reference` without masks or maps: CPU float32
     q (B, h, T, 2d), k and v (B, h_kv, S, 2d), causal (bottom-right) or not; returns (B, h, T, 2d), stored with
     heads merged ((B, T, h, 2d) memory). Raises RuntimeError if the kernel could not be built."""
-    _, _, _, _, _, head_dim = check_diff_inputs(q, k, v)
+    q, k, v, scale = _kernel_inputs(q, k, v, scale)
     for name, tensor in (("q", q), ("k", k), ("v", v)):
         if tensor.device.type != "cpu" or tensor.dtype != torch.float32:
             raise ValueError(
@@ -143,8 +152,6 @@ def diff_attention_fused_cpu(
         raise RuntimeError(
             "the fused CPU differential-attention kernel is not available (it failed to build)"
         )
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    scale = head_dim**-0.5 if scale is None else float(scale)
     return _FusedDiffAttention.apply(q, k, v, lambda_full, scale, causal)
 
 
@@ -174,9 +181,7 @@ def diff_attention_decode_cpu(
     ONE pass over V with the combined weights, K and V read once; q (B, h, T, 2d), k and v (B, h_kv, S, 2d) CPU
     float32 -> (B, h, T, 2d). ``norm`` = (gain (2d,) or None, eps, out_scale) also applies the layer's per-head
     RMSNorm and output scale to each row. No autograd: call it under ``torch.no_grad()``."""
-    _, _, _, _, _, head_dim = check_diff_inputs(q, k, v)
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    scale = head_dim**-0.5 if scale is None else float(scale)
+    q, k, v, scale = _kernel_inputs(q, k, v, scale)
     return decode_step(q, k, v, _lambda_value(lambda_full), scale, causal, norm)
 
 
