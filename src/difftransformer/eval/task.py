@@ -1,0 +1,182 @@
+"""The evaluation-task protocol: everything one of the paper's experiments provides, in one object.
+
+Adding a task = one module + one registry line. Write ``difftransformer/eval/<name>.py`` with a subclass of
+:class:`Task` and a module-level instance ``TASK``, then add the module to ``TASK_MODULES`` in
+:mod:`difftransformer.eval.registry`. From then on ``difftransformer eval <name>`` runs it with its full settings
+(its :meth:`Task.configure` options), ``compare --tasks`` runs it on every trained model with its light settings
+(:meth:`Task.light_options`), and compare's report gives it a section: :meth:`Task.describe`, a table
+(:meth:`Task.columns`, mean ± spread across seeds), a chart (:meth:`Task.chart`) and verdict sentences
+(:meth:`Task.measures`). Nothing else changes; docs/evaluation.md explains each task.
+
+The three data shapes a task produces:
+
+- *options*: the keyword settings of one run, JSON-able (lists, not tuples), so that compare can reuse an earlier
+  result exactly when they are unchanged;
+- *results*: what :meth:`Task.run` returns and writes to OUTPUT_DIR/<name>.json (with its plots beside);
+- *summary*: the few numbers a reader compares between models (:meth:`Task.summarise`), JSON-able, the input of
+  the table, the chart and the measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal, NamedTuple
+
+from torch import nn
+
+
+class Column(NamedTuple):
+    """One column of a task's comparison table: its header, the value in one summary, the digits shown."""
+
+    header: str
+    value: float
+    digits: int
+
+
+class Measure(NamedTuple):
+    """One verdict measure: its name (the sentence reads "Highest <name>: ..."), its value in one summary (None
+    where that run has none), whether higher is better, and the digits shown."""
+
+    name: str
+    value: Callable[[dict], float | None]
+    higher_is_better: bool
+    digits: int
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One panel of a comparison chart: the y label, the table columns (headers of :meth:`Task.columns`) along
+    x, and the y limits (None: automatic)."""
+
+    ylabel: str
+    columns: Sequence[str]
+    ylim: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
+class Chart:
+    """How compare's report draws a task across variants, declared rather than drawn: ``"bars"`` (one bar group
+    per column of the single panel, one bar per variant) or ``"lines"`` (one line per variant in every panel, the
+    columns along x labelled by ``xticks``). Error bars show the spread across seeds."""
+
+    kind: Literal["bars", "lines"]
+    title: str
+    panels: Sequence[Panel]
+    xlabel: str = ""
+    xticks: Sequence[str] | None = None
+    log: bool = False
+
+
+UNIT = (-0.02, 1.02)  # y limits of an accuracy (share) panel
+
+
+@dataclass(frozen=True)
+class LightSettings:
+    """Base of a task's light settings for a comparison (few samples, short runs): a frozen dataclass whose
+    integer fields must be >= 1 (checked by :class:`difftransformer.eval.suite.SuiteSettings`)."""
+
+
+@dataclass(frozen=True)
+class SuiteContext:
+    """What the suite knows when it picks a task's light options for one model.
+
+    Attributes:
+        context_length: tokens of every prompt and held-out window (the trained block size in compare).
+        needle_digits: digits of the magic numbers (those the model was trained on in compare).
+        needles: the N:R needle configurations (needle, and quant's needle check).
+        seed: every task's draws (the same samples for every model).
+        tokenizer: the models' tokenizer (to size prompts).
+        held_out_tokens: tokens of held-out text available (see :func:`difftransformer.eval.common.token_stream`).
+    """
+
+    context_length: int
+    needle_digits: int
+    needles: tuple[tuple[int, int], ...]
+    seed: int
+    tokenizer: Any
+    held_out_tokens: int
+
+    def windows(self, wanted: int) -> int:
+        """``wanted`` held-out windows of ``context_length``, or as many as the text holds (a small test split gets
+        fewer windows rather than none)."""
+        return min(wanted, self.held_out_tokens // self.context_length)
+
+
+class Task(ABC):
+    """One evaluation task. Subclasses set the class attributes and implement the abstract methods.
+
+    Attributes:
+        name: the command-line name (``difftransformer eval NAME``, ``compare --tasks NAME``) and the results
+            file's stem.
+        title: the report section's heading, e.g. "Multi-needle retrieval (needle)".
+        help: one line for ``difftransformer eval --help``.
+        reads_text: whether :meth:`run` needs held-out texts (haystacks, windows); the CLI then loads them and
+            the suite checks that they hold at least one window.
+        needs_tokenizer: whether :meth:`run` needs the model's tokenizer (mqar does not).
+        light: the default light settings for a comparison (a :class:`LightSettings` subclass instance).
+    """
+
+    name: ClassVar[str]
+    title: ClassVar[str]
+    help: ClassVar[str]
+    reads_text: ClassVar[bool] = True
+    needs_tokenizer: ClassVar[bool] = True
+    light: ClassVar[LightSettings] = LightSettings()
+
+    @abstractmethod
+    def configure(self, parser: argparse.ArgumentParser) -> None:
+        """Add this task's own options to ``difftransformer eval NAME`` (the CLI adds --model, --output-dir,
+        --seed, --device, --dtype, --no-progress, and the held-out text options when ``reads_text``)."""
+
+    @abstractmethod
+    def options(self, args: argparse.Namespace, model: nn.Module) -> dict:
+        """:meth:`run`'s options from the parsed command line (full settings), checked against ``model`` (e.g.
+        lengths it cannot take) before any long work; a bad value raises a ValueError naming its flag."""
+
+    @abstractmethod
+    def light_options(self, light: LightSettings, suite: SuiteContext) -> dict:
+        """:meth:`run`'s options in a comparison, from the task's light settings and the suite's context;
+        JSON-able and deterministic (compare reuses a result whose options are unchanged)."""
+
+    @abstractmethod
+    def run(
+        self, model: nn.Module, tokenizer: Any, texts: Sequence[str] | None, options: dict, output_dir: Path,
+        progress: bool,
+    ) -> dict:  # fmt: skip
+        """Run the task with ``options``; write OUTPUT_DIR/NAME.json and its plots; return the results."""
+
+    @abstractmethod
+    def summarise(self, results: dict) -> dict:
+        """The numbers a reader compares between models, from :meth:`run`'s results (JSON-able)."""
+
+    @abstractmethod
+    def columns(self, summary: dict) -> list[Column]:
+        """The comparison table's columns for one run's summary (every run of a comparison has the same)."""
+
+    @abstractmethod
+    def describe(self, options: dict) -> str:
+        """A paragraph for the report: what the numbers mean, which settings they came from, which way is
+        better."""
+
+    @abstractmethod
+    def chart(self, summary: dict) -> Chart:
+        """The comparison chart, in terms of :meth:`columns`' headers."""
+
+    def measures(self, summary: dict) -> list[Measure]:
+        """The verdict measures (one sentence each in the report's verdict); none by default."""
+        return []
+
+    def light_settings(self, **overrides: Any) -> LightSettings:
+        """:attr:`light` with ``overrides`` replaced; an unknown name is a ValueError naming the known ones."""
+        known = [f.name for f in dataclasses.fields(self.light)]
+        unknown = sorted(set(overrides) - set(known))
+        if unknown:
+            raise ValueError(
+                f"{self.name} has no light setting {', '.join(unknown)}; its settings are {', '.join(known)}"
+            )
+        return dataclasses.replace(self.light, **overrides)
