@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 from transformers import PreTrainedConfig
 
@@ -138,3 +139,16 @@ class DiffTransformerConfig(PreTrainedConfig):
             num_attention_heads=factor * self.num_attention_heads,
             num_key_value_heads=factor * self.num_key_value_heads,
         )
+
+    def save_pretrained(self, save_directory: str | os.PathLike, push_to_hub: bool = False, **kwargs) -> None:
+        """transformers' ``save_pretrained``, with ``auto_map`` and the model's code written beside config.json, so
+        that the folder loads with ``trust_remote_code=True`` where difftransformer is not installed (models/
+        remote_code.py, docs/sharing.md). A model's ``save_pretrained`` and the Trainer's checkpoints come here."""
+        from difftransformer.models.remote_code import auto_map, write_model_code
+
+        self.auto_map = {**(getattr(self, "auto_map", None) or {}), **auto_map()}
+        super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+        write_model_code(save_directory)
+
+
+DiffTransformerConfig.register_for_auto_class()  # auto_map's AutoConfig entry (remote_code.py)

@@ -299,3 +299,8 @@ class DiffTransformerForCausalLM(DiffTransformerPreTrainedModel, GenerationMixin
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
+
+
+# auto_map's model entries: folders we save load with trust_remote_code=True without this package (remote_code.py)
+DiffTransformerModel.register_for_auto_class("AutoModel")
+DiffTransformerForCausalLM.register_for_auto_class("AutoModelForCausalLM")

@@ -49,6 +49,8 @@ def _build_directory(flags: list[str]) -> Path:
 def _extension() -> ModuleType | None:
     from torch.utils import cpp_extension
 
+    if not SOURCE.is_file():  # the model code copied into a saved folder (models/remote_code.py)
+        return None  # the PyTorch paths serve, silently
     flags = ["-O3", "-fopenmp"]
     if platform.machine() in ("x86_64", "AMD64"):
         flags.append("-march=native")  # the exp and masking loops vectorize to the machine's widest SIMD

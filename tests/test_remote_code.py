@@ -1,0 +1,211 @@
+"""Saved folders carry the model's code: they load and generate with trust_remote_code=True in a process where
+difftransformer cannot be imported, and give the in-package model's logits and greedy continuations."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+import difftransformer
+from difftransformer import DiffTransformerForCausalLM
+from difftransformer.data.tokenizer import train_tokenizer
+from difftransformer.models import remote_code
+from helpers import random_model
+
+KINDS = {
+    "diff": dict(attention="diff", num_attention_heads=2, num_key_value_heads=1),
+    "diff_v2": dict(attention="diff_v2", num_attention_heads=4, num_key_value_heads=2),
+    "softmax": dict(attention="softmax", num_attention_heads=4, num_key_value_heads=2),
+}
+PACKAGE_ROOT = Path(difftransformer.__file__).resolve().parents[1]
+
+# Runs in a fresh interpreter: difftransformer is made impossible to import (a meta-path finder refusing it and
+# its source root off sys.path), then every folder is loaded the way a user without the package would.
+WITHOUT_PACKAGE = r"""
+import importlib.abc, os, sys
+
+package_root, work = sys.argv[1], sys.argv[2]
+
+
+class RefuseDifftransformer(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "difftransformer":
+            raise ImportError(f"{name} cannot be imported in this test")
+        return None
+
+
+sys.meta_path.insert(0, RefuseDifftransformer())
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != package_root]
+try:
+    import difftransformer  # noqa: F401
+except ImportError:
+    pass
+else:
+    raise SystemExit("difftransformer is importable: the test proves nothing")
+
+import json
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+inputs = torch.load(os.path.join(work, "inputs.pt"))
+report = {}
+for kind in json.loads(sys.argv[3]):
+    folder = os.path.join(work, kind)
+    refusals = []
+    for trust in (None, False):
+        try:
+            AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=trust)
+        except ValueError as err:
+            refusals.append(str(err))
+        else:
+            refusals.append("loaded without trust_remote_code")
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    base = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+    with torch.no_grad():
+        logits = model(inputs["ids"]).logits
+        generated = model.generate(
+            inputs["prompt"], attention_mask=torch.ones_like(inputs["prompt"]), max_new_tokens=6, do_sample=False
+        )
+        hidden = base(inputs["ids"]).last_hidden_state
+    # A folder saved again from the loaded copy carries the code too (transformers' own custom_object_save).
+    model.save_pretrained(folder + "-again")
+    again = AutoModelForCausalLM.from_pretrained(folder + "-again", trust_remote_code=True).eval()
+    with torch.no_grad():
+        logits_again = again(inputs["ids"]).logits
+    report[kind] = dict(
+        config=type(config).__module__,
+        model=type(model).__module__,
+        refusals=refusals,
+        logits=logits,
+        generated=generated,
+        hidden=hidden,
+        logits_again=logits_again,
+    )
+tokenizer = AutoTokenizer.from_pretrained(os.path.join(work, "diff"), trust_remote_code=True)
+report["token_ids"] = tokenizer(inputs["text"])["input_ids"]
+torch.save(report, os.path.join(work, "report.pt"))
+"""
+
+
+def test_folders_load_and_generate_without_the_package(tmp_path):
+    ids = torch.randint(0, 97, (2, 24))
+    prompt = ids[:, :4]
+    text = "to be or not to be"
+    tokenizer = train_tokenizer(["to be or not to be, that is the question. " * 8], vocab_size=300)
+    torch.save(dict(ids=ids, prompt=prompt, text=text), tmp_path / "inputs.pt")
+    expected = {}
+    for seed, (kind, fields) in enumerate(KINDS.items()):
+        model = random_model(seed=seed, dtype=torch.float32, **fields)
+        model.save_pretrained(tmp_path / kind)
+        saved = json.loads((tmp_path / kind / "config.json").read_text())
+        assert saved["auto_map"] == {
+            "AutoConfig": "configuration.DiffTransformerConfig",
+            "AutoModel": "modeling.DiffTransformerModel",
+            "AutoModelForCausalLM": "modeling.DiffTransformerForCausalLM",
+        }
+        with torch.no_grad():
+            expected[kind] = dict(
+                logits=model(ids).logits,
+                generated=model.generate(
+                    prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6, do_sample=False
+                ),
+                hidden=model.model(ids).last_hidden_state,
+            )
+        # In a process that has the package, the folder still opens with the package's own classes.
+        assert type(AutoModelForCausalLM.from_pretrained(tmp_path / kind)) is DiffTransformerForCausalLM
+    tokenizer.save_pretrained(tmp_path / "diff")
+
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_PACKAGE, str(PACKAGE_ROOT), str(tmp_path), json.dumps(list(KINDS))],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = torch.load(tmp_path / "report.pt")
+    for kind in KINDS:
+        got, want = report[kind], expected[kind]
+        assert got["model"].startswith("transformers_modules.") and got["config"].startswith(
+            "transformers_modules."
+        )
+        for refusal in got["refusals"]:
+            assert "trust_remote_code=True" in refusal, refusal
+        torch.testing.assert_close(got["logits"], want["logits"], atol=1e-5, rtol=0)
+        torch.testing.assert_close(got["hidden"], want["hidden"], atol=1e-5, rtol=0)
+        torch.testing.assert_close(got["logits_again"], got["logits"], atol=0, rtol=0)
+        assert torch.equal(got["generated"], want["generated"]), kind
+    assert report["token_ids"] == tokenizer(text)["input_ids"]
+    for word in ("kernel", "compil", "warn"):
+        assert word not in done.stderr.lower(), done.stderr[-2000:]
+
+
+def test_trainer_checkpoints_carry_the_code(tmp_path):
+    model = random_model(seed=1, dtype=torch.float32)
+    trainer = Trainer(model=model, args=TrainingArguments(output_dir=str(tmp_path), report_to=[]))
+    trainer.save_model(str(tmp_path / "run"))
+    for name, text in remote_code.model_code().items():  # custom_object_save's raw copies replaced too
+        assert (tmp_path / "run" / name).read_text() == text, name
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["auto_map"] == remote_code.auto_map()
+
+
+def test_shipped_files_import_only_each_other_and_installed_packages(tmp_path):
+    code = remote_code.model_code()
+    assert {"configuration.py", "modeling.py"} <= set(code)
+    for name, text in code.items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                assert node.level == 1 and f"{node.module}.py" in code, (name, node.module)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                modules = (
+                    [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module]
+                )
+                assert not any(module.partition(".")[0] == "difftransformer" for module in modules), name
+
+
+def test_entry_modules_are_the_ones_registering_auto_classes():
+    """ENTRY_MODULES is a list: this fails when a registration moves to a module it does not name."""
+    registering = set()
+    for path in Path(difftransformer.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "register_for_auto_class":
+                relative = path.relative_to(PACKAGE_ROOT).with_suffix("")
+                registering.add(".".join(relative.parts))
+    assert registering == set(remote_code.ENTRY_MODULES)
+    assert set(remote_code.auto_map()) == {"AutoConfig", "AutoModel", "AutoModelForCausalLM"}
+
+
+def test_unshippable_imports_are_refused_with_the_reason(tmp_path, monkeypatch):
+    package = tmp_path / "difftransformer_probe"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "helper.py").write_text("VALUE = 1\n")
+    (package / "entry.py").write_text("import difftransformer_probe.helper\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(remote_code, "PACKAGE", "difftransformer_probe")
+    monkeypatch.setattr(remote_code, "ENTRY_MODULES", ("difftransformer_probe.entry",))
+    with pytest.raises(remote_code.ExportError, match="import names from the module"):
+        remote_code.model_code()
+    (package / "entry.py").write_text("from difftransformer_probe import helper\n")
+    with pytest.raises(remote_code.ExportError, match="imports a module as a name"):
+        remote_code.model_code()
+    (package / "entry.py").write_text(
+        "def f():\n    from difftransformer_probe.helper import (\n        VALUE,\n    )\n"
+    )
+    code = remote_code.model_code()["entry.py"]
+    assert code.splitlines()[1:] == ["def f():", "    from .helper import VALUE", "", ""]
+    compile(code, "entry.py", "exec")
+    for name in [name for name in sys.modules if name.startswith("difftransformer_probe")]:
+        monkeypatch.delitem(sys.modules, name)
