@@ -19,6 +19,7 @@ TASKS: tuple[str, ...] = (
     "longctx",
     "icl",
     "mqar",
+    "hallucination",
 )
 
 
