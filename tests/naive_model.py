@@ -1,6 +1,7 @@
-"""An independent float64 implementation of SPEC §1-3, written from the spec with loops over heads.
+"""An independent float64 implementation of DIFF V1, DIFF V2 and the baseline, written from the papers with
+loops over heads.
 
-It reads only a state dict (checkpoint names of SPEC §2) and a handful of config numbers, so it checks
+It reads only a state dict (the Llama-family checkpoint names of docs/architecture.md) and a handful of config numbers, so it checks
 our names and layouts as much as our arithmetic.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import math
 
 import torch
+from transformers.core_model_loading import revert_weight_conversion
 
 
 def rms(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -33,6 +35,11 @@ def softmax_rows(logits: torch.Tensor, causal: bool) -> torch.Tensor:
         t = logits.shape[0]
         logits = logits.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), -math.inf)
     return torch.softmax(logits, dim=-1)
+
+
+def checkpoint_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state dict under the names ``save_pretrained`` writes (the checkpoint names)."""
+    return revert_weight_conversion(model, model.state_dict())
 
 
 def naive_causal_lm(sd: dict[str, torch.Tensor], cfg, ids: torch.Tensor) -> torch.Tensor:
@@ -60,8 +67,8 @@ def naive_causal_lm(sd: dict[str, torch.Tensor], cfg, ids: torch.Tensor) -> torc
                 g = i // (heads // kv_heads)
                 maps = []
                 for c in range(2):
-                    qi = rope(qs[:, 2 * i + c], pos, cfg.rope_theta, cfg.rope_style)
-                    kg = rope(ks[:, 2 * g + c], pos, cfg.rope_theta, cfg.rope_style)
+                    qi = rope(qs[:, 2 * i + c], pos, cfg.rope_parameters["rope_theta"], cfg.rope_style)
+                    kg = rope(ks[:, 2 * g + c], pos, cfg.rope_parameters["rope_theta"], cfg.rope_style)
                     maps.append(softmax_rows(qi @ kg.T / math.sqrt(d), cfg.causal))
                 o = (maps[0] - lam * maps[1]) @ vs[:, g]
                 if cfg.subln != "none":
@@ -75,8 +82,8 @@ def naive_causal_lm(sd: dict[str, torch.Tensor], cfg, ids: torch.Tensor) -> torc
             per_head = []
             for j in range(q_heads):
                 g = j // (q_heads // kv_heads)
-                qj = rope(qs[:, j], pos, cfg.rope_theta, cfg.rope_style)
-                kg = rope(ks[:, g], pos, cfg.rope_theta, cfg.rope_style)
+                qj = rope(qs[:, j], pos, cfg.rope_parameters["rope_theta"], cfg.rope_style)
+                kg = rope(ks[:, g], pos, cfg.rope_parameters["rope_theta"], cfg.rope_style)
                 per_head.append(softmax_rows(qj @ kg.T / math.sqrt(d), cfg.causal) @ vs[:, g])
             if cfg.attention == "diff_v2":
                 gate = torch.sigmoid(h @ sd[p + "self_attn.lambda_proj.weight"].T)  # (T, h)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 
 import pytest
+import safetensors.torch
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, StaticCache
 
 from difftransformer import DiffTransformerConfig, DiffTransformerForCausalLM, DiffTransformerModel
 from difftransformer.layers import DiffAttention, attention_logits_hook
 from helpers import random_model, tiny_config
-from naive_model import naive_causal_lm
+from naive_model import checkpoint_state, naive_causal_lm
 
 DIFF_VARIANTS = [
     dict(num_attention_heads=heads, num_key_value_heads=kv, rope_style=rope, subln=subln)
@@ -41,7 +42,7 @@ def test_logits_equal_independent_float64_implementation(fields):
     ids = torch.randint(0, model.config.vocab_size, (2, 11))
     logits = model(ids).logits
     for b in range(2):
-        expected = naive_causal_lm(model.state_dict(), model.config, ids[b])
+        expected = naive_causal_lm(checkpoint_state(model), model.config, ids[b])
         torch.testing.assert_close(logits[b], expected, atol=1e-10, rtol=1e-9)
 
 
@@ -147,7 +148,7 @@ def test_parameter_counts_differ_by_lambda_vectors_and_gain():
         config = tiny_config(num_hidden_layers=4, num_key_value_heads=1, subln=subln)
         diff = DiffTransformerForCausalLM(config).num_parameters()
         base = DiffTransformerForCausalLM(config.matched_baseline()).num_parameters()
-        assert diff - base == 4 * per_layer * config.head_dim
+        assert diff - base == 4 * per_layer * config.map_head_dim
     v2 = tiny_config(attention="diff_v2", num_attention_heads=4, num_key_value_heads=2)
     d, heads = v2.head_dim, v2.num_attention_heads
     extra = (
@@ -161,7 +162,8 @@ def test_matched_baseline_doubles_heads_and_keeps_the_rest():
     config = tiny_config(num_attention_heads=2, num_key_value_heads=1, rope_style="half")
     base = config.matched_baseline()
     assert (base.attention, base.num_attention_heads, base.num_key_value_heads) == ("softmax", 4, 2)
-    assert base.head_dim == config.head_dim and base.rope_style == "half"
+    # DIFF V1's heads (and cache entries) are 2d wide, the baseline's d: each map is the baseline's head.
+    assert base.head_dim == config.map_head_dim == config.head_dim // 2 and base.rope_style == "half"
     assert (
         base.intermediate_size == config.intermediate_size
         and base.num_hidden_layers == config.num_hidden_layers
@@ -178,7 +180,7 @@ def test_lambda_init_schedule_and_lambda_std():
         0.35555, abs=1e-4
     )
     vectors = torch.cat(
-        [getattr(a, n).detach() for a in attns for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")]
+        [getattr(a.lambda_vectors, n).detach() for a in attns for n in ("q1", "k1", "q2", "k2")]
     )
     assert vectors.dtype == torch.float32 and vectors.numel() == 12 * 4 * 64
     assert vectors.std().item() == pytest.approx(0.25, rel=0.06)
@@ -252,8 +254,13 @@ def test_save_and_load_round_trip_bit_exactly(tmp_path):
     assert isinstance(AutoModel.from_pretrained(tmp_path), DiffTransformerModel)
 
 
-def test_checkpoint_names_follow_the_llama_family():
-    names = set(random_model(num_key_value_heads=1).state_dict())
+def test_checkpoint_names_follow_the_llama_family(tmp_path):
+    """On disk the names are the Llama family's and the paper's (DiffLlama's lambda names); in memory the lambda
+    vectors sit in their own float32 submodule."""
+    model = random_model(num_key_value_heads=1)
+    assert "model.layers.0.self_attn.lambda_vectors.k2" in model.state_dict()
+    model.save_pretrained(tmp_path)
+    names = set(safetensors.torch.load_file(tmp_path / "model.safetensors"))
     for expected in [
         "model.embed_tokens.weight",
         "model.layers.0.input_layernorm.weight",

@@ -63,7 +63,7 @@ def grads(out, inputs, seed):
 
 
 def loop_reference(q, k, v, lam, causal, mask):
-    """Head by head, straight from SPEC §1 (no shared code with the library)."""
+    """Head by head, straight from the paper's definition (no shared code with the library)."""
     batch, heads, q_len, width = q.shape
     kv_heads, kv_len, d = k.shape[1], k.shape[2], width // 2
     out = torch.zeros(batch, heads, q_len, width, dtype=torch.float64)

@@ -9,9 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from difftransformer.ops import (
+    HeadNorm,
     choose_backend,
     diff_attention,
     diff_attention_blocked,
+    diff_attention_decode_cpu,
     diff_attention_fused_cpu,
     diff_attention_reference,
     fused_cpu,
@@ -115,13 +117,53 @@ def test_decode_cpu_kernel_matches_reference_at_inference(problem):
     )
     expected, _ = diff_attention_reference(q, k, v, lam, causal=causal)
     with torch.no_grad():
-        assert fused_cpu.decode_cpu_applies(q.float(), None)
-        direct = fused_cpu.diff_attention_decode_cpu(
-            q.float(), k.float(), v.float(), lam.float(), causal=causal
-        )
+        assert choose_backend(q.float(), k.float()) == "decode_cpu"
+        direct = diff_attention_decode_cpu(q.float(), k.float(), v.float(), lam.float(), causal=causal)
         dispatched = diff_attention(q.float(), k.float(), v.float(), lam.float(), causal=causal)
     for out in (direct, dispatched):
         torch.testing.assert_close(out.double(), expected, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("gain", [True, False])
+@pytest.mark.parametrize("q_len", [1, 5, 40])
+def test_the_per_head_norm_is_the_same_fused_or_applied_after(gain, q_len):
+    """diff_attention(norm=...) fuses the norm into the C++ decode step and applies it after every other kernel:
+    each equals the float64 reference followed by the norm's definition."""
+    (q, k, v, lam), _ = make_inputs(2, 4, 2, 8, q_len, 45, "none", torch.float64, 7)
+    weight = torch.linspace(0.5, 1.5, 16, dtype=torch.float64) if gain else None
+    out, _ = diff_attention_reference(q, k, v, lam)
+    normed = out / torch.sqrt(out.pow(2).mean(-1, keepdim=True) + 1e-5) * 0.7
+    expected = normed * weight if gain else normed
+    with torch.no_grad():
+        inputs = [t.float() for t in (q, k, v, lam)]
+        norm = HeadNorm(None if weight is None else weight.float(), 1e-5, 0.7)
+        kernel = choose_backend(inputs[0], inputs[1])
+        assert kernel == ("decode_cpu" if q_len <= 16 else "fused_cpu")
+        fused = diff_attention(*inputs, norm=norm)
+    torch.testing.assert_close(fused.double(), expected, **TOL[torch.float32])
+    for backend in ("reference", "sdpa", "blocked", "decode"):  # grad on: the norm runs after the kernel
+        torch.testing.assert_close(
+            diff_attention(q, k, v, lam, backend=backend, norm=HeadNorm(weight, 1e-5, 0.7)), expected
+        )
+
+
+def test_choose_backend_is_the_one_rule():
+    """Requested "decode" runs the C++ step only at inference on CPU float32 without a mask; a mask keeps the
+    SDPA one; a mask refuses "fused_cpu"; unknown names are refused."""
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 9, 8)
+    mask = torch.ones(1, 1, 3, 9, dtype=torch.bool)
+    assert choose_backend(q, k, backend="decode") == "decode"  # grad mode on
+    with torch.no_grad():
+        assert choose_backend(q, k, backend="decode") == "decode_cpu"
+        assert choose_backend(q, k, mask, backend="decode") == "decode"
+        assert choose_backend(q.double(), k.double(), backend="decode") == "decode"
+        assert choose_backend(q, k, backend="sdpa") == "sdpa"
+    with pytest.raises(ValueError, match="takes no attn_mask"):
+        choose_backend(q, k, mask, backend="fused_cpu")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        choose_backend(q, k, backend="flash")
+    with pytest.raises(ValueError, match="no backward"):
+        diff_attention_decode_cpu(q.requires_grad_(), k, k, 0.5)
 
 
 def test_fused_cpu_reads_strided_inputs_and_merges_heads_in_memory():

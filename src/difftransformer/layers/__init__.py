@@ -1,12 +1,19 @@
 """Torch modules: norms, rotary embedding, SwiGLU and the three attention modules (one interface)."""
 
-from difftransformer.layers.diff_attention import SUBLN_MODES, DiffAttention, depth_lambda_init
+from difftransformer.layers.diff_attention import (
+    SUBLN_MODES,
+    DiffAttention,
+    LambdaVectors,
+    SublnMode,
+    depth_lambda_init,
+)
 from difftransformer.layers.diff_attention_v2 import DiffAttentionV2
-from difftransformer.layers.hooks import attention_logits_hook
+from difftransformer.layers.hooks import LogitsHook, attention_logits_hook
 from difftransformer.layers.mlp import SwiGLU
 from difftransformer.layers.norm import RMSNorm
 from difftransformer.layers.rotary import (
     ROPE_STYLES,
+    RopeStyle,
     RotaryEmbedding,
     apply_rotary,
     interleaved_to_half_permutation,
@@ -18,9 +25,13 @@ __all__ = [
     "SUBLN_MODES",
     "DiffAttention",
     "DiffAttentionV2",
+    "LambdaVectors",
+    "LogitsHook",
     "RMSNorm",
+    "RopeStyle",
     "RotaryEmbedding",
     "SoftmaxAttention",
+    "SublnMode",
     "SwiGLU",
     "apply_rotary",
     "attention_logits_hook",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import torch
 from torch import nn
 
-from difftransformer.layers.diff_attention import LogitsHook
+# hook(module, logits) -> logits: the scaled pre-softmax logits (B, n_maps, T, S) of one attention module.
+LogitsHook = Callable[[nn.Module, torch.Tensor], torch.Tensor]
 
 
 @contextmanager

@@ -5,50 +5,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
-def _widened(x: torch.Tensor) -> torch.Tensor:
-    """x in float32, or as it is if already float32 or float64: the norm's working precision."""
-    return x if x.dtype in (torch.float32, torch.float64) else x.float()
-
-
-def _normalize(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """x / rms(x) computed in float32 (or float64), and 1 / rms(x) of shape (..., 1)."""
-    x_wide = _widened(x)
-    inv_rms = torch.rsqrt(x_wide.pow(2).mean(-1, keepdim=True) + eps)
-    return x_wide * inv_rms, inv_rms
-
-
-class _RMSNormFunction(torch.autograd.Function):
-    """``(x / rms(x)).to(x.dtype) * gain`` that keeps only x and 1/rms for the backward. Autograd through the
-    plain ops would also keep the normalised copy, one activation-sized tensor per norm (three a DIFF layer,
-    two a baseline layer); the backward recomputes it with one multiply."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, gain: torch.Tensor | None, eps: float) -> torch.Tensor:
-        normed, inv_rms = _normalize(x, eps)
-        ctx.save_for_backward(x, inv_rms, gain)
-        normed = normed.to(x.dtype)
-        return normed if gain is None else normed * gain
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
-        x, inv_rms, gain = ctx.saved_tensors
-        normed = _widened(x) * inv_rms
-        grad = grad.to(normed.dtype)
-        grad_gain = None
-        if gain is not None:
-            if ctx.needs_input_grad[1]:
-                grad_gain = (grad * normed).reshape(-1, normed.shape[-1]).sum(0).to(gain.dtype)
-            grad = grad * gain.to(grad.dtype)
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            # d/dx of x * r with r = (mean(x^2) + eps)^-1/2: r * (g - normed * mean(g * normed))
-            grad_x = (inv_rms * (grad - normed * (grad * normed).mean(-1, keepdim=True))).to(x.dtype)
-        return grad_x, grad_gain, None
+from difftransformer.ops import rms_norm
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm over the last dim.
+    """Root-mean-square norm over the last dim (the operator :func:`difftransformer.ops.rms_norm`).
 
     Args:
         dim: size of the normalised (last) dim.
@@ -62,18 +23,13 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim)) if elementwise_affine else None
 
     def reset_parameters(self) -> None:
+        """Gain back to ones."""
         if self.weight is not None:
             nn.init.ones_(self.weight)
 
     def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
         """x: (..., dim) -> (..., dim), same dtype, times ``scale`` (folded into the gain: one pass, not two)."""
-        gain = self.weight if self.weight is None or scale == 1.0 else self.weight * scale
-        if torch.is_grad_enabled():
-            out = _RMSNormFunction.apply(x, gain, self.eps)
-        else:
-            normed = _normalize(x, self.eps)[0].to(x.dtype)
-            out = normed if gain is None else normed * gain
-        return out if gain is not None or scale == 1.0 else out * scale
+        return rms_norm(x, self.weight, self.eps, scale)
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}, elementwise_affine={self.weight is not None}"

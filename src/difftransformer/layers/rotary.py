@@ -11,32 +11,77 @@ from typing import Literal
 
 import torch
 from torch import nn
+from transformers import PreTrainedConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
 
 RopeStyle = Literal["interleaved", "half"]
 ROPE_STYLES: tuple[str, ...] = ("interleaved", "half")
 
 
 class RotaryEmbedding(nn.Module):
-    """Computes the cos/sin tables for positions.
+    """cos/sin tables for positions, with transformers' RoPE scaling (``rope_parameters``).
+
+    ``rope_type="default"`` computes the frequencies in float64 and the angles in float32 or wider on every call
+    (no buffer, so a model's dtype never rounds them). Other types (linear, dynamic, yarn, longrope, llama3, ...)
+    come from transformers' ``ROPE_INIT_FUNCTIONS`` and ``dynamic_rope_update``, kept in buffers as Llama keeps
+    them; their functions read ``self.config``, a config view whose ``head_dim`` is the rotated width ``dim``
+    (DIFF V1 rotates each d-wide half of its 2d-wide heads).
 
     Args:
         dim: rotated width d (even).
-        theta: base of the frequencies.
+        rope_parameters: transformers' RoPE dict (``rope_type``, ``rope_theta``, ``factor``, ...); None gives
+            the default type with theta 10000.
+        max_position_embeddings: the trained length, the reference of the scaling types.
     """
 
-    def __init__(self, dim: int, theta: float = 10000.0) -> None:
+    def __init__(
+        self, dim: int, rope_parameters: dict | None = None, max_position_embeddings: int = 2048
+    ) -> None:
         super().__init__()
         if dim % 2:
             raise ValueError(f"rotary dim must be even; got {dim}")
-        self.dim, self.theta = dim, theta
+        parameters = {"rope_type": "default", "rope_theta": 10000.0, **(rope_parameters or {})}
+        self.dim, self.rope_type, self.theta = dim, parameters["rope_type"], float(parameters["rope_theta"])
+        self.attention_scaling = 1.0
+        if self.rope_type == "default":
+            return
+        if self.rope_type not in ROPE_INIT_FUNCTIONS:
+            raise ValueError(
+                f"rope_parameters['rope_type'] must be 'default' or one of {sorted(ROPE_INIT_FUNCTIONS)}; "
+                f"got {self.rope_type!r}"
+            )
+        self.config = PreTrainedConfig(
+            head_dim=dim,
+            hidden_size=dim,
+            num_attention_heads=1,
+            max_position_embeddings=max_position_embeddings,
+            rope_parameters=dict(parameters),
+        )
+        self.max_seq_len_cached = self.original_max_seq_len = max_position_embeddings
+        inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[self.rope_type](self.config, None)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
 
-    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """position_ids: (B, T) -> cos, sin: (B, T, d/2) in ``dtype`` (computed in float32 or wider)."""
-        compute_dtype = torch.promote_types(dtype, torch.float32)
-        exponents = torch.arange(0, self.dim, 2, device=position_ids.device, dtype=torch.float64) / self.dim
-        inv_freq = (1.0 / self.theta**exponents).to(compute_dtype)
-        angles = position_ids.to(compute_dtype).unsqueeze(-1) * inv_freq
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """position_ids: (B, T) -> cos, sin: (B, T, d/2) in x's dtype (computed in float32 or wider); x gives
+        only the dtype and device."""
+        if self.rope_type == "default":
+            compute_dtype = torch.promote_types(x.dtype, torch.float32)
+            exponents = (
+                torch.arange(0, self.dim, 2, device=position_ids.device, dtype=torch.float64) / self.dim
+            )
+            inv_freq = (1.0 / self.theta**exponents).to(compute_dtype)
+            angles = position_ids.to(compute_dtype).unsqueeze(-1) * inv_freq
+            return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        return self._scaled(x, position_ids)
+
+    @torch.no_grad()
+    @dynamic_rope_update
+    def _scaled(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        compute_dtype = torch.promote_types(x.dtype, torch.float32)
+        angles = position_ids.to(compute_dtype).unsqueeze(-1) * self.inv_freq.to(x.device, compute_dtype)
+        cos, sin = angles.cos() * self.attention_scaling, angles.sin() * self.attention_scaling
+        return cos.to(x.dtype), sin.to(x.dtype)
 
 
 _COMPLEX_DTYPES = (torch.float32, torch.float64)  # have a complex counterpart for the fast path

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache
 
-from difftransformer.layers.diff_attention import LogitsHook
+from difftransformer.layers.hooks import LogitsHook
 from difftransformer.layers.rotary import RopeStyle, apply_rotary
 from difftransformer.ops import softmax_attention, softmax_attention_reference
 
@@ -17,7 +17,8 @@ class SoftmaxAttention(nn.Module):
     """Llama-style attention over ``num_heads`` heads of width d = hidden_size / num_heads.
 
     Same interface as :class:`~difftransformer.layers.DiffAttention`; ``output_attentions`` returns the
-    softmax map (B, H, T, S).
+    softmax map (B, H, T, S). Head counts are read from the projections' outputs (tensor-parallel shards run
+    as they are).
     """
 
     def __init__(
@@ -29,12 +30,11 @@ class SoftmaxAttention(nn.Module):
         *,
         rope_style: RopeStyle = "interleaved",
         causal: bool = True,
-        backend: str = "auto",
     ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.layer_idx = num_heads, num_kv_heads, layer_idx
         self.head_dim = hidden_size // num_heads
-        self.rope_style, self.is_causal, self.backend = rope_style, causal, backend
+        self.rope_style, self.is_causal = rope_style, causal
         self.logits_hook: LogitsHook | None = None
         self.q_proj = nn.Linear(hidden_size, num_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(hidden_size, num_kv_heads * self.head_dim, bias=False)
@@ -42,16 +42,13 @@ class SoftmaxAttention(nn.Module):
         self.o_proj = nn.Linear(num_heads * self.head_dim, hidden_size, bias=False)
 
     def project(
-        self,
-        hidden_states: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        num_q_heads: int,
+        self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Project and rotate: q (B, num_q_heads, T, d), k and v (B, H_kv, T, d)."""
+        """Project and rotate: q (B, H_q, T, d) with H_q = q_proj's heads, k and v (B, H_kv, T, d)."""
         batch, q_len, _ = hidden_states.shape
-        q = self.q_proj(hidden_states).view(batch, q_len, num_q_heads, self.head_dim)
-        k = self.k_proj(hidden_states).view(batch, q_len, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(hidden_states).view(batch, q_len, self.num_kv_heads, self.head_dim)
+        q = self.q_proj(hidden_states).view(batch, q_len, -1, self.head_dim)
+        k = self.k_proj(hidden_states).view(batch, q_len, -1, self.head_dim)
+        v = self.v_proj(hidden_states).view(batch, q_len, -1, self.head_dim)
         cos, sin = position_embeddings[0].unsqueeze(2), position_embeddings[1].unsqueeze(2)
         q = apply_rotary(q, cos, sin, self.rope_style)
         k = apply_rotary(k, cos, sin, self.rope_style)
@@ -64,10 +61,12 @@ class SoftmaxAttention(nn.Module):
         v: torch.Tensor,
         attention_mask: torch.Tensor | None,
         output_attentions: bool,
+        backend: str,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Softmax attention over the given heads through the chosen path; (B, H, T, d) and the map or None."""
+        """Softmax attention over the given heads, (B, H, T, d) and the map or None: the materialized reference
+        for maps, logits hooks and ``backend="reference"``, PyTorch's fused SDPA otherwise."""
         causal = self.is_causal and attention_mask is None
-        if output_attentions or self.logits_hook is not None or self.backend == "reference":
+        if output_attentions or self.logits_hook is not None or backend == "reference":
             hook = None if self.logits_hook is None else partial(self.logits_hook, self)
             out, probs = softmax_attention_reference(
                 q, k, v, causal=causal, attn_mask=attention_mask, logits_hook=hook
@@ -82,11 +81,13 @@ class SoftmaxAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         output_attentions: bool = False,
+        backend: str = "auto",
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states (B, T, d_model) -> (B, T, d_model), and the map (B, H, T, S) or None."""
+        """hidden_states (B, T, d_model) -> (B, T, d_model), and the map (B, H, T, S) or None; ``backend``
+        "reference" materializes the map, any other takes SDPA."""
         batch, q_len, _ = hidden_states.shape
-        q, k, v = self.project(hidden_states, position_embeddings, self.num_heads)
+        q, k, v = self.project(hidden_states, position_embeddings)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
-        out, probs = self.attend(q, k, v, attention_mask, output_attentions)
+        out, probs = self.attend(q, k, v, attention_mask, output_attentions, backend)
         return self.o_proj(out.transpose(1, 2).reshape(batch, q_len, -1)), probs

@@ -7,12 +7,23 @@ import math
 import os
 
 from transformers import PreTrainedConfig
+from transformers.modeling_rope_utils import RopeParameters
 
+from difftransformer.layers import ROPE_STYLES, SUBLN_MODES
 from difftransformer.ops import BACKENDS as ATTENTION_BACKENDS
 
 ATTENTION_KINDS: tuple[str, ...] = ("diff", "diff_v2", "softmax")
-ROPE_STYLES: tuple[str, ...] = ("interleaved", "half")
-SUBLN_MODES: tuple[str, ...] = ("affine", "plain", "none")
+# Tensor parallelism: column-wise q/k/v keep whole heads on a shard (DIFF V1's adjacent Q1|Q2 and K1|K2 rows, DIFF
+# V2's adjacent query-head pairs, each pair's lambda_proj row), row-wise o_proj, as Llama's plan.
+_TP_PLAN = {
+    "layers.*.self_attn.q_proj": "colwise",
+    "layers.*.self_attn.k_proj": "colwise",
+    "layers.*.self_attn.v_proj": "colwise",
+    "layers.*.self_attn.o_proj": "rowwise",
+    "layers.*.mlp.gate_proj": "colwise",
+    "layers.*.mlp.up_proj": "colwise",
+    "layers.*.mlp.down_proj": "rowwise",
+}
 
 
 class DiffTransformerConfig(PreTrainedConfig):
@@ -25,7 +36,8 @@ class DiffTransformerConfig(PreTrainedConfig):
         num_hidden_layers: depth.
         num_attention_heads: for ``attention="diff"`` the differential heads h (each holds two maps of width
             d = hidden_size / (2h)), as in the authors' code; for "diff_v2" and "softmax" the ordinary heads
-            (width d = hidden_size / heads).
+            (width d = hidden_size / heads). ``head_dim`` is hidden_size / num_attention_heads for every kind:
+            the width of a head's value and of its cache entries (2d for DIFF V1), as transformers sizes caches.
         num_key_value_heads: KV heads counted like ``num_attention_heads``; None means no GQA.
         attention: "diff" (DIFF V1), "diff_v2" (the authors' 2026 revision) or "softmax" (the baseline).
         rope_style: "interleaved" (the authors' GPT-J pairing) or "half" (Llama/DiffLlama pairing).
@@ -35,13 +47,17 @@ class DiffTransformerConfig(PreTrainedConfig):
         lambda_init: "depth" for 0.8 - 0.6 exp(-0.3 l) with l the 0-based layer, or a constant.
         lambda_std: std of the lambda vectors' normal init.
         rms_norm_eps: eps of the block and final RMSNorms.
-        rope_theta: rotary base.
+        rope_parameters: transformers' RoPE dict: ``rope_type`` ("default", "linear", "dynamic", "yarn", ...),
+            ``rope_theta`` (the rotary base, default 10000) and the type's fields (``factor``, ...). A
+            ``rope_theta=`` argument (older configs) lands in it.
         max_position_embeddings: longest sequence the model is meant for (checked on input).
         initializer_range: std of the normal init of linear and embedding weights.
         causal: causal self-attention (False gives an encoder).
         attention_backend: "auto" (chosen per device, dtype and shape), "reference" (materialized, exact),
             "sdpa" (two fused SDPA calls over V's halves), "blocked" (the baseline's FLOPs, one query block at a
-            time) or "decode" (a few queries: K and V read once). See docs/performance.md.
+            time), "decode" (a few queries: K and V read once), "fused_cpu" or "flex". See docs/performance.md.
+            ``attn_implementation`` picks among them: "sdpa" (transformers' default) runs this backend, "eager"
+            the materialized "reference", "flex_attention" (DIFF V1 only) "flex"; other values are refused.
         tie_word_embeddings: share the embedding and lm_head weights.
     """
 
@@ -61,7 +77,7 @@ class DiffTransformerConfig(PreTrainedConfig):
     lambda_init: str | float = "depth"
     lambda_std: float = 0.1
     rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
+    rope_parameters: RopeParameters | dict | None = None
     max_position_embeddings: int = 2048
     initializer_range: float = 0.02
     causal: bool = True
@@ -113,10 +129,11 @@ class DiffTransformerConfig(PreTrainedConfig):
                 else ("num_attention_heads")
             )
             raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by {what} = {maps}")
-        if self.head_dim % 2:
+        if self.map_head_dim % 2:
             raise ValueError(
-                f"the rotary width (head dim d = hidden_size / {maps} = {self.head_dim}) must be even"
+                f"the rotary width (the maps' head dim d = hidden_size / {maps} = {self.map_head_dim}) must be even"
             )
+        self.validate_rope()
         if isinstance(self.lambda_init, str):
             if self.lambda_init != "depth":
                 raise ValueError(f"lambda_init must be 'depth' or a number; got {self.lambda_init!r}")
@@ -125,9 +142,22 @@ class DiffTransformerConfig(PreTrainedConfig):
 
     @property
     def head_dim(self) -> int:
-        """Width d of one softmax map's queries and keys (the matched Transformer's head dim)."""
-        maps = 2 * self.num_attention_heads if self.attention == "diff" else self.num_attention_heads
-        return self.hidden_size // maps
+        """Width of one head's value and cache entries, hidden_size / num_attention_heads: 2d for DIFF V1 (its
+        K1 | K2 and its 2d-wide V), d for the others. Caches are (B, num_key_value_heads, S, head_dim)."""
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def map_head_dim(self) -> int:
+        """Width d of one softmax map's queries and keys, the rotated width (the matched Transformer's head dim):
+        head_dim / 2 for DIFF V1, head_dim otherwise."""
+        return self.head_dim // 2 if self.attention == "diff" else self.head_dim
+
+    @property
+    def base_model_tp_plan(self) -> dict[str, str]:
+        """Tensor-parallel plan of the base model (``from_pretrained(..., tp_plan="auto")``), for this kind."""
+        if self.attention == "diff_v2":
+            return {**_TP_PLAN, "layers.*.self_attn.lambda_proj": "colwise"}
+        return dict(_TP_PLAN)
 
     def matched_baseline(self) -> DiffTransformerConfig:
         """The softmax Transformer the paper compares against: 2h heads of width d (2h_kv KV heads) for DIFF V1,
@@ -138,6 +168,7 @@ class DiffTransformerConfig(PreTrainedConfig):
             attention="softmax",
             num_attention_heads=factor * self.num_attention_heads,
             num_key_value_heads=factor * self.num_key_value_heads,
+            rope_parameters=dict(self.rope_parameters),
         )
 
     def save_pretrained(self, save_directory: str | os.PathLike, push_to_hub: bool = False, **kwargs) -> None:

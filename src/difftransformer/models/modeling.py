@@ -7,12 +7,17 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
+from transformers.conversion_mapping import register_checkpoint_conversion_mapping
+from transformers.core_model_loading import WeightRenaming
+from transformers.masking_utils import find_packed_sequence_indices
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.utils import can_return_tuple
 
 from difftransformer.layers import (
     DiffAttention,
     DiffAttentionV2,
+    LambdaVectors,
     RMSNorm,
     RotaryEmbedding,
     SoftmaxAttention,
@@ -21,10 +26,40 @@ from difftransformer.layers import (
 from difftransformer.models.configuration import DiffTransformerConfig
 from difftransformer.ops import additive_to_bool
 
+# On disk DIFF V1's lambda vectors keep the Llama-family names of the paper's code and DiffLlama
+# (`self_attn.lambda_q1` ...); in memory they live in their own float32 submodule (`self_attn.lambda_vectors.q1`).
+LAMBDA_KEYS = {f"lambda_{name}": f"lambda_vectors.{name}" for name in ("q1", "k1", "q2", "k2")}
+register_checkpoint_conversion_mapping(
+    DiffTransformerConfig.model_type,
+    [WeightRenaming(f"self_attn.{old}", f"self_attn.{new}") for old, new in LAMBDA_KEYS.items()],
+    overwrite=True,  # the remote-code copy of this module registers it again
+)
+
+# transformers' attn_implementation -> our backend; "sdpa" (its default) runs config.attention_backend.
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention")
+
+
+def attention_backend(config: DiffTransformerConfig) -> str:
+    """The ops backend for ``config``'s ``attn_implementation``: "eager" -> "reference" (materialized, as
+    transformers' eager), "sdpa" (the default) -> ``config.attention_backend``, "flex_attention" -> "flex"
+    (DIFF V1 only). Anything else raises ValueError: an implementation is never silently ignored."""
+    implementation = config._attn_implementation or "sdpa"
+    if implementation == "sdpa":
+        return config.attention_backend
+    if implementation == "eager":
+        return "reference"
+    if implementation == "flex_attention" and config.attention == "diff":
+        return "flex"
+    supported = ATTN_IMPLEMENTATIONS if config.attention == "diff" else ATTN_IMPLEMENTATIONS[:2]
+    raise ValueError(
+        f"attn_implementation must be one of {supported} for attention={config.attention!r} (docs/architecture.md); "
+        f"got {implementation!r}"
+    )
+
 
 def build_attention(config: DiffTransformerConfig, layer_idx: int) -> nn.Module:
     """The attention module that ``config.attention`` names, for one layer."""
-    common = dict(rope_style=config.rope_style, causal=config.causal, backend=config.attention_backend)
+    common = dict(rope_style=config.rope_style, causal=config.causal)
     args = (config.hidden_size, config.num_attention_heads, config.num_key_value_heads, layer_idx)
     if config.attention == "diff":
         lambda_init = None if config.lambda_init == "depth" else float(config.lambda_init)
@@ -58,6 +93,7 @@ class DiffTransformerDecoderLayer(GradientCheckpointingLayer):
         attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         output_attentions: bool = False,
+        backend: str = "auto",
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, T, d_model) -> (B, T, d_model), and the layer's attention map or None."""
         attn_out, attn_map = self.self_attn(
@@ -66,12 +102,15 @@ class DiffTransformerDecoderLayer(GradientCheckpointingLayer):
             attention_mask=attention_mask,
             past_key_values=past_key_values,
             output_attentions=output_attentions,
+            backend=backend,
         )
         hidden_states = hidden_states + attn_out
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states)), attn_map
 
 
 class DiffTransformerPreTrainedModel(PreTrainedModel):
+    """Weight init, checkpoint-name mapping and the transformers flags shared by the base model and the LM."""
+
     config: DiffTransformerConfig
     config_class = DiffTransformerConfig
     base_model_prefix = "model"
@@ -79,16 +118,46 @@ class DiffTransformerPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["DiffTransformerDecoderLayer"]
     _skip_keys_device_placement = ["past_key_values"]
     _supports_sdpa = True
+    _supports_flex_attn = True  # DIFF V1 only: get_correct_attn_implementation refuses it for the others
     _can_compile_fullgraph = True
-    # exp() of a half-precision dot product is too coarse for lambda: load these in float32 whatever the dtype.
-    _keep_in_fp32_modules_strict = ["lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"]
+
+    def __init__(self, config: DiffTransformerConfig, *inputs, **kwargs) -> None:
+        super().__init__(config, *inputs, **kwargs)
+        # exp() of a half-precision dot product is too coarse for lambda: DIFF V1 loads its lambda vectors in float32
+        # whatever the dtype (their own submodule, so that FSDP2 groups them apart from the bf16 projections).
+        self._keep_in_fp32_modules_strict = ["lambda_vectors"] if config.attention == "diff" else []
+
+    def get_correct_attn_implementation(
+        self, requested_attention: str | None, is_init_check: bool = False
+    ) -> str:
+        """transformers' check, then ours: only the implementations :func:`attention_backend` maps."""
+        implementation = super().get_correct_attn_implementation(requested_attention, is_init_check)
+        attention_backend(_WithImplementation(self.config, implementation))
+        return implementation
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
-        if isinstance(module, DiffAttention):
-            for vector in (module.lambda_q1, module.lambda_k1, module.lambda_q2, module.lambda_k2):
+        if isinstance(module, LambdaVectors):
+            for vector in (module.q1, module.k1, module.q2, module.k2):
                 init.normal_(vector, mean=0.0, std=self.config.lambda_std)
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args, **kwargs) -> None:
+        # load_state_dict() of an on-disk state dict (the Trainer's resume does this) sees the lambda vectors' disk
+        # names; from_pretrained() renames them through the registered conversion mapping instead.
+        for key in [key for key in state_dict if key.startswith(prefix) and ".self_attn.lambda_" in key]:
+            head, _, name = key.rpartition(".")
+            if name in LAMBDA_KEYS:
+                state_dict[f"{head}.{LAMBDA_KEYS[name]}"] = state_dict.pop(key)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+class _WithImplementation:
+    """``config`` as :func:`attention_backend` would see it with another attn_implementation."""
+
+    def __init__(self, config: DiffTransformerConfig, implementation: str) -> None:
+        self.attention, self.attention_backend = config.attention, config.attention_backend
+        self._attn_implementation = implementation
 
 
 def padding_and_causal_mask(
@@ -98,11 +167,14 @@ def padding_and_causal_mask(
     query_positions: torch.Tensor,
     kv_len: int,
     causal: bool,
+    documents: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Boolean (B or 1, 1, T, S) mask, True = attend, from a 2-D padding mask (B, <= S) of 1/0 or a ready 4-D mask.
 
     Returns None where plain causal (or full) attention is exact, so fused kernels take their fastest path.
-    ``query_positions`` (T,) are the queries' slots in the key sequence (the cache position).
+    ``query_positions`` (T,) are the queries' slots in the key sequence (the cache position). ``documents``
+    (B, T), for packed rows without a cache (T = S), numbers each token's document: no token sees another
+    document's.
     """
     q_len = query_positions.shape[0]
     if attention_mask is not None and attention_mask.dim() == 4:
@@ -123,15 +195,15 @@ def padding_and_causal_mask(
             and kv_len == attention_mask.shape[1]
         ):
             attention_mask = None
-    if attention_mask is None and kv_len == q_len:
-        return None
-    if (
-        attention_mask is None
-        and query_positions.device.type == "cpu"  # reading the position on a GPU would sync every step
-        and not torch.compiler.is_compiling()
-        and int(query_positions[0]) == kv_len - q_len
-    ):
-        return None  # the queries fill the cache's last slots (a dynamic cache): bottom-right causal is exact
+    if attention_mask is None and documents is None:
+        if kv_len == q_len:
+            return None
+        if (
+            query_positions.device.type == "cpu"  # reading the position on a GPU would sync every step
+            and not torch.compiler.is_compiling()
+            and int(query_positions[0]) == kv_len - q_len
+        ):
+            return None  # the queries fill the cache's last slots (a dynamic cache): bottom-right causal is exact
     keys = torch.arange(kv_len, device=query_positions.device)
     mask = (keys <= query_positions[:, None]) if causal else torch.ones(q_len, kv_len, dtype=torch.bool)
     mask = mask.to(query_positions.device)[None, None]
@@ -139,6 +211,8 @@ def padding_and_causal_mask(
         padded = torch.zeros(batch, kv_len, dtype=torch.bool, device=attention_mask.device)
         padded[:, : attention_mask.shape[1]] = attention_mask.bool()
         mask = mask & padded[:, None, None, :]
+    if documents is not None:
+        mask = mask & (documents[:, None, :, None] == documents[:, None, None, :])
     return mask
 
 
@@ -152,10 +226,21 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
             DiffTransformerDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(config.head_dim, theta=config.rope_theta)
+        self.rotary_emb = RotaryEmbedding(
+            config.map_head_dim, config.rope_parameters, config.max_position_embeddings
+        )
         self.gradient_checkpointing = False
         self.post_init()
 
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The token embedding."""
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        """Replace the token embedding (``resize_token_embeddings`` does)."""
+        self.embed_tokens = value
+
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -173,9 +258,12 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
             input_ids: (B, T) token ids in [0, vocab_size).
             attention_mask: (B, S) with 1 for tokens and 0 for padding (S = cached + new tokens), or a
                 (B, 1, T, S) bool / additive mask.
-            position_ids: (B, T); by default counted from the first non-padding token.
+            position_ids: (B, T); by default counted from the first non-padding token. Without an
+                attention_mask and a cache, positions that restart mark packed documents (as transformers
+                detects them): each token then attends only within its document.
             past_key_values: a transformers Cache (DynamicCache, StaticCache, ...).
             inputs_embeds: (B, T, d_model) instead of input_ids.
+            return_dict: False (or ``config.return_dict`` False) returns a tuple.
 
         Returns:
             last_hidden_state (B, T, d_model); hidden_states: embeddings then each layer's output;
@@ -205,6 +293,9 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
         batch, q_len, _ = inputs_embeds.shape
 
+        documents = None
+        if position_ids is not None and attention_mask is None and past_key_values is None:
+            documents = find_packed_sequence_indices(position_ids.expand(batch, -1))
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
         past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
@@ -221,10 +312,12 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
             query_positions=query_positions,
             kv_len=kv_len,
             causal=self.config.causal,
+            documents=documents,
         )
 
+        backend = attention_backend(self.config)
         hidden_states = inputs_embeds
-        position_embeddings = self.rotary_emb(position_ids, hidden_states.dtype)
+        position_embeddings = self.rotary_emb(hidden_states, position_ids)
         all_hidden = [hidden_states] if output_hidden_states else None
         all_maps = [] if output_attentions else None
         for layer in self.layers:
@@ -234,6 +327,7 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
                 attention_mask=mask,
                 past_key_values=past_key_values,
                 output_attentions=bool(output_attentions),
+                backend=backend,
             )
             if all_hidden is not None:
                 all_hidden.append(hidden_states)
@@ -258,6 +352,7 @@ class DiffTransformerForCausalLM(DiffTransformerPreTrainedModel, GenerationMixin
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -273,7 +368,7 @@ class DiffTransformerForCausalLM(DiffTransformerPreTrainedModel, GenerationMixin
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """Arguments as :meth:`DiffTransformerModel.forward`; ``labels`` (B, T) give the next-token loss
-        (shifted inside, -100 ignored). Returns logits (B, T, vocab_size)."""
+        (shifted inside, -100 ignored). Returns logits (B, T, vocab_size), or a tuple with ``return_dict=False``."""
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -283,6 +378,7 @@ class DiffTransformerForCausalLM(DiffTransformerPreTrainedModel, GenerationMixin
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            return_dict=True,
         )
         hidden_states = outputs.last_hidden_state
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep

@@ -1,29 +1,38 @@
-"""Attention operators: exact references beside fused fast paths, one function per operator."""
+"""Attention operators: exact references beside fused fast paths, one function per operator, and the one
+place that chooses between them (:func:`choose_backend`)."""
 
 from difftransformer.ops.blocked import diff_attention_blocked
 from difftransformer.ops.common import additive_to_bool, build_attend_mask
 from difftransformer.ops.decode import diff_attention_decode
 from difftransformer.ops.diff_attention import BACKENDS, choose_backend, diff_attention
 from difftransformer.ops.flex import diff_attention_flex
-from difftransformer.ops.fused_cpu import diff_attention_fused_cpu, fused_cpu_available
+from difftransformer.ops.fused_cpu import (
+    diff_attention_decode_cpu,
+    diff_attention_fused_cpu,
+    fused_cpu_available,
+)
+from difftransformer.ops.norm import HeadNorm, rms_norm
 from difftransformer.ops.reference import diff_attention_reference, masked_softmax
 from difftransformer.ops.sdpa import diff_attention_sdpa
 from difftransformer.ops.softmax import softmax_attention, softmax_attention_reference
 
 __all__ = [
     "BACKENDS",
+    "HeadNorm",
     "additive_to_bool",
     "build_attend_mask",
     "choose_backend",
     "diff_attention",
     "diff_attention_blocked",
     "diff_attention_decode",
+    "diff_attention_decode_cpu",
     "diff_attention_flex",
     "diff_attention_fused_cpu",
     "diff_attention_reference",
     "diff_attention_sdpa",
     "fused_cpu_available",
     "masked_softmax",
+    "rms_norm",
     "softmax_attention",
     "softmax_attention_reference",
 ]

@@ -2,7 +2,7 @@
 
 For each block of queries the two softmax maps are formed in full (that block only), combined into
 ``A1 - lambda A2`` and multiplied by V once, so the forward pass does the baseline's QK^T and AV work
-(SPEC §4) and never holds more than one (block, S) slice of the maps. Nothing but q, k and v is saved: the
+(docs/performance.md) and never holds more than one (block, S) slice of the maps. Nothing but q, k and v is saved: the
 backward pass recomputes each block's maps and needs exactly the baseline's backward work, because
 ``rowsum(dA_j * A_j)`` (the softmax-gradient correction) comes from the block's own maps.
 
@@ -162,6 +162,8 @@ def diff_attention_blocked(
     if attn_mask is not None:
         mask = build_attend_mask(batch, q_len, kv_len, causal=causal, attn_mask=attn_mask, device=q.device)
     if not isinstance(lambda_full, torch.Tensor):
-        lambda_full = torch.tensor(float(lambda_full), dtype=torch.float32, device=q.device)
+        lambda_full = torch.tensor(
+            float(lambda_full), dtype=torch.promote_types(q.dtype, torch.float32), device=q.device
+        )
     scale = head_dim**-0.5 if scale is None else float(scale)
     return _BlockedDiffAttention.apply(q, k, v, lambda_full, mask, causal, scale, block_queries)

@@ -1,6 +1,6 @@
 """Shape checks and mask construction shared by every differential-attention backend.
 
-Layout ("paired", the memory of SPEC §1's adjacent sub-heads viewed two at a time):
+Layout ("paired": the authors' adjacent sub-heads, docs/architecture.md "Head layout", viewed two at a time):
 q (B, h, T, 2d) with Q1 in ``[..., :d]`` and Q2 in ``[..., d:]``; k (B, h_kv, S, 2d) likewise with K1 | K2;
 v (B, h_kv, S, 2d). Head i reads KV group i // (h / h_kv). q, k and v are plain views of the projections'
 outputs, and a KV cache stores k and v with the same head count and width, as for a standard attention.

@@ -4,12 +4,11 @@ A decode step is bound by reading the cache, not by arithmetic. Each query sub-h
 2d (Q1 | 0 for map 1, 0 | Q2 for map 2), so both maps come from ONE SDPA call against the cached k and v as
 stored (B, h_kv, S, 2d): no half of k is sliced, nothing is copied, and V is as wide as Q and K, which keeps
 the fused kernel. The 2h outputs (A_j V, width 2d) are then combined as A1 V - lambda A2 V. The cache is read
-as the matched baseline's step reads its own (same bytes, SPEC §4); the doubled multiply-adds on the query
-side are not what a step waits for. Differentiable (through SDPA), but meant for short query blocks.
+as the matched baseline's step reads its own (same bytes, docs/performance.md); the doubled multiply-adds on the
+query side are not what a step waits for. Differentiable (through SDPA), but meant for short query blocks.
 
-On CPU in float32 without autograd or a mask (generation), the C++ kernel of :mod:`difftransformer.ops.fused_cpu`
-serves the call instead: the same single read of K and V, without the padding's doubled multiply-adds or the
-SDPA call's fixed overhead, which dominate a one-token step at small batch.
+Generation on CPU in float32 runs :func:`difftransformer.ops.fused_cpu.diff_attention_decode_cpu` instead (the
+same single read of K and V in C++); :func:`difftransformer.ops.choose_backend` decides which.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import torch
 import torch.nn.functional as F
 
 from difftransformer.ops.common import build_attend_mask, check_diff_inputs
-from difftransformer.ops.fused_cpu import decode_cpu_applies, diff_attention_decode_cpu
 
 
 def _build_selector(dtype: torch.dtype, device: torch.device, scale: float) -> torch.Tensor:
@@ -59,8 +57,6 @@ def diff_attention_decode(
         lambda_full: scalar lambda.
         causal, attn_mask, scale: as for the reference (causal aligned bottom-right).
     """
-    if decode_cpu_applies(q, attn_mask):  # it checks its inputs itself
-        return diff_attention_decode_cpu(q, k, v, lambda_full, causal=causal, scale=scale)
     batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v)
     n_rep = heads // kv_heads
     scale = head_dim**-0.5 if scale is None else scale

@@ -1,4 +1,11 @@
-"""One entry point for differential attention, dispatching to a backend."""
+"""One entry point for differential attention: the single place where a kernel is chosen.
+
+The rule (transformers' one ``ALL_ATTENTION_FUNCTIONS[...]`` lookup; flash-linear-attention's "ops have no hidden
+dispatch"): :func:`choose_backend` names the kernel from the requested backend and the inputs, and
+:func:`diff_attention` runs that one kernel. No kernel function chooses another. A layer makes one call,
+passing its per-head norm as an argument, which the kernel fuses where it can (the C++ decode step) and the
+dispatcher applies after it otherwise.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +16,12 @@ import torch
 from difftransformer.ops.blocked import diff_attention_blocked
 from difftransformer.ops.decode import diff_attention_decode
 from difftransformer.ops.flex import diff_attention_flex
-from difftransformer.ops.fused_cpu import diff_attention_fused_cpu, fused_cpu_available
+from difftransformer.ops.fused_cpu import (
+    diff_attention_decode_cpu,
+    diff_attention_fused_cpu,
+    fused_cpu_available,
+)
+from difftransformer.ops.norm import HeadNorm, rms_norm
 from difftransformer.ops.reference import diff_attention_reference
 from difftransformer.ops.sdpa import diff_attention_sdpa
 
@@ -21,8 +33,34 @@ DECODE_MAX_QUERIES = 16  # up to this many queries, reading K and V once beats e
 BLOCKED_MAX_KEYS_CPU = 512  # on CPU the blocked path beats two SDPA calls up to here (measured at 512)
 
 
-def choose_backend(q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None = None) -> str:
-    """The backend ``"auto"`` runs for q (B, h, T, 2d) and k (B, h_kv, S, 2d), by device, dtype and shape.
+# The kernels that take any mask, by name; one signature (q, k, v, lambda_full, *, causal, attn_mask, scale).
+_MASKED_KERNELS = {
+    "reference": lambda *args, **kwargs: diff_attention_reference(*args, **kwargs)[0],
+    "sdpa": diff_attention_sdpa,
+    "blocked": diff_attention_blocked,
+    "decode": diff_attention_decode,
+    "flex": diff_attention_flex,
+}
+
+
+def _eager_cpu_float32(q: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
+    """Where the C++ kernels run: CPU float32, no mask, outside torch.compile (they are opaque to it)."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype == torch.float32
+        and attn_mask is None
+        and not torch.compiler.is_compiling()
+        and fused_cpu_available()
+    )
+
+
+def choose_backend(
+    q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None = None, backend: Backend = "auto"
+) -> str:
+    """The kernel that runs for q (B, h, T, 2d) and k (B, h_kv, S, 2d): a name from :data:`BACKENDS` (not "auto"),
+    or "decode_cpu" (the C++ decode step).
+
+    ``backend="auto"`` picks by device, dtype and shape:
 
     - T <= 16 queries (decode, short blocks): "decode", which reads the cache once, as the baseline's step.
     - CPU float32 without a mask (causal or full), outside ``torch.compile``, where the C++ kernel builds:
@@ -30,22 +68,30 @@ def choose_backend(q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | N
     - other CPU float32/float64 with S <= 512 keys: "blocked", the baseline's FLOPs, maps one query block at a time.
     - otherwise "sdpa": stock fused kernels (flash on GPU; on CPU the fused kernel wins for long keys
       even at twice the work, because the blocked path's maps leave the cache).
+
+    "decode" (chosen or requested) runs as "decode_cpu" at inference (no grad) under the C++ kernels' conditions:
+    the same single read of K and V without SDPA's fixed cost, which dominates a one-token step.
     """
-    q_len, kv_len = q.shape[-2], k.shape[-2]
-    if q_len <= DECODE_MAX_QUERIES:
-        return "decode"
-    on_cpu = q.device.type == "cpu"
-    if (
-        on_cpu
-        and q.dtype == torch.float32
-        and attn_mask is None
-        and not torch.compiler.is_compiling()
-        and fused_cpu_available()
-    ):
-        return "fused_cpu"
-    if on_cpu and q.dtype in (torch.float32, torch.float64) and kv_len <= BLOCKED_MAX_KEYS_CPU:
-        return "blocked"
-    return "sdpa"
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
+    if backend == "auto":
+        if q.shape[-2] <= DECODE_MAX_QUERIES:
+            backend = "decode"
+        elif _eager_cpu_float32(q, attn_mask):
+            return "fused_cpu"
+        elif (
+            q.device.type == "cpu"
+            and q.dtype in (torch.float32, torch.float64)
+            and k.shape[-2] <= BLOCKED_MAX_KEYS_CPU
+        ):
+            return "blocked"
+        else:
+            return "sdpa"
+    if backend == "decode" and not torch.is_grad_enabled() and _eager_cpu_float32(q, attn_mask):
+        return "decode_cpu"
+    if backend == "fused_cpu" and attn_mask is not None:
+        raise ValueError("backend 'fused_cpu' takes no attn_mask (causal or full only); got a mask")
+    return backend
 
 
 def diff_attention(
@@ -58,14 +104,15 @@ def diff_attention(
     attn_mask: torch.Tensor | None = None,
     scale: float | None = None,
     backend: Backend = "auto",
+    norm: HeadNorm | None = None,
 ) -> torch.Tensor:
-    """Differential attention over the SPEC layout.
+    """Differential attention in the paired layout (see :mod:`difftransformer.ops.common`).
 
     Args:
-        q: (B, h, T, 2d), Q1 | Q2 of each head (the paired layout, see ops.common).
+        q: (B, h, T, 2d), Q1 | Q2 of each head.
         k: (B, h_kv, S, 2d), K1 | K2 of each KV group.
         v: (B, h_kv, S, 2d).
-        lambda_full: scalar lambda of the layer.
+        lambda_full: scalar lambda of the layer (a 0-d tensor keeps the gradient; a float at inference).
         causal: causal mask, aligned bottom-right when T < S (KV cache).
         attn_mask: bool (True = attend) or additive float, broadcastable to (B, 1, T, S).
         scale: logit scale, default 1 / sqrt(d).
@@ -74,25 +121,16 @@ def diff_attention(
             read once), "fused_cpu" (C++ streaming kernel, CPU float32, no attn_mask), "flex" (compiled
             FlexAttention, one call with the 2d-wide V; inference only on the CPU), or "auto"
             (:func:`choose_backend`, which never picks "flex": it is not measured ahead of the others).
+        norm: the per-head RMSNorm and output scale to apply to each head's output, or None.
 
     Returns:
-        (B, h, T, 2d): head i's output ``(A1 - lambda A2) V_g`` before the per-head norm.
+        (B, h, T, 2d): head i's output ``(A1 - lambda A2) V_g``, through ``norm`` if given.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
-    if backend == "auto":
-        backend = choose_backend(q, k, attn_mask)
-    kwargs = dict(causal=causal, attn_mask=attn_mask, scale=scale)
-    if backend == "reference":
-        return diff_attention_reference(q, k, v, lambda_full, **kwargs)[0]
-    if backend == "blocked":
-        return diff_attention_blocked(q, k, v, lambda_full, **kwargs)
-    if backend == "decode":
-        return diff_attention_decode(q, k, v, lambda_full, **kwargs)
-    if backend == "flex":
-        return diff_attention_flex(q, k, v, lambda_full, **kwargs)
-    if backend == "fused_cpu":
-        if attn_mask is not None:
-            raise ValueError("backend 'fused_cpu' takes no attn_mask (causal or full only); got a mask")
-        return diff_attention_fused_cpu(q, k, v, lambda_full, causal=causal, scale=scale)
-    return diff_attention_sdpa(q, k, v, lambda_full, **kwargs)
+    kernel = choose_backend(q, k, attn_mask, backend)
+    if kernel == "decode_cpu":  # the one kernel that fuses the norm
+        return diff_attention_decode_cpu(q, k, v, lambda_full, causal=causal, scale=scale, norm=norm)
+    if kernel == "fused_cpu":
+        out = diff_attention_fused_cpu(q, k, v, lambda_full, causal=causal, scale=scale)
+    else:
+        out = _MASKED_KERNELS[kernel](q, k, v, lambda_full, causal=causal, attn_mask=attn_mask, scale=scale)
+    return out if norm is None else rms_norm(out, *norm)

@@ -2,9 +2,9 @@
 
 The 2h component maps become 2h ordinary heads of width d (all Q1s, then all Q2s; K1s then K2s), each reading the
 full 2d-wide V of its group, so ONE compiled kernel call gives A1 V and A2 V for every head: the baseline's QK^T
-work and 2x its AV work (1.5x in all, SPEC §4), no V split. Masks (causal aligned bottom-right, padding) become a
-block mask, so fully masked tiles are skipped. The call is compiled with ``torch.compile`` (about 10 s per new
-shape on 2 CPU cores); eager FlexAttention would materialize the maps.
+work and 2x its AV work (1.5x in all, docs/performance.md), no V split. Masks (causal aligned bottom-right,
+padding) become a block mask, so fully masked tiles are skipped. The call is compiled with ``torch.compile`` (one
+compile per new shape, docs/performance.md); eager FlexAttention would materialize the maps.
 
 FlexAttention has no backward on the CPU in torch 2.13 (measured: NotImplementedError), so there this path
 serves inference only and refuses inputs that require grad; on a GPU it trains as well.

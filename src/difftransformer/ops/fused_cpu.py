@@ -3,14 +3,15 @@
 Both maps of a head are streamed over key tiles with an online softmax and never materialized; the backward
 pass recomputes them from the saved log-sum-exps. Per (query, key) pair the forward computes two d-wide logits
 and two 2d-wide P V products, the backward one combined P^T dO, one dO V^T and the four d-wide gradient products:
-the matched baseline's multiply-adds in the backward, 1.5x its P V work in the forward (SPEC §4), no repeated K/V,
+the matched baseline's multiply-adds in the backward, 1.5x its P V work in the forward (docs/performance.md), no
+repeated K/V,
 no concatenation, and the output is written with heads merged so ``o_proj`` reads it as a view.
 
 The kernel (``csrc/diff_attention_cpu.cpp``) is compiled with :func:`torch.utils.cpp_extension.load` the first
-time it is needed (about a minute on 2 cores; cached under the project's cache folder, ``$DIFFTRANSFORMER_CACHE``
-or ``~/.cache/difftransformer``, in ``extensions/``, one build per kernel source, flags, torch version and
-machine) with the C++ compiler PyTorch extensions use and ``ninja`` (a dependency). Where it cannot be built,
-:func:`fused_cpu_available` is False, a warning says why, and ``backend="auto"`` uses the other paths.
+time it is needed (cached in ``extensions/`` under :func:`difftransformer.storage.cache_dir`, one build per kernel
+source, flags, torch version and machine) with the C++ compiler PyTorch extensions use and ``ninja`` (a
+dependency). Where it cannot be built, :func:`fused_cpu_available` is False, a warning says why, and
+:func:`difftransformer.ops.choose_backend` picks the other paths.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from types import ModuleType
 import torch
 
 from difftransformer.ops.common import check_diff_inputs
+from difftransformer.ops.norm import HeadNorm
+from difftransformer.storage import cache_dir
 
 SOURCE = Path(__file__).with_name("csrc") / "diff_attention_cpu.cpp"
 # Tile sizes (queries x keys), measured with `difftransformer bench` at 512-2048 tokens (docs/performance.md).
@@ -35,14 +38,12 @@ BLOCK_Q, BLOCK_K = 64, 128
 
 def _build_directory(flags: list[str]) -> Path:
     """One folder per (source, flags, torch, machine): a changed kernel or another CPU never reuses a build."""
-    from difftransformer.data.corpus import default_cache_dir
-
     key = hashlib.sha256(
         "\0".join(
             [SOURCE.read_text(), *flags, torch.__version__, platform.machine(), platform.node()]
         ).encode()
     ).hexdigest()[:16]
-    return default_cache_dir() / "extensions" / f"diff_attention_cpu-{key}"
+    return cache_dir() / "extensions" / f"diff_attention_cpu-{key}"
 
 
 @functools.cache
@@ -157,18 +158,6 @@ def diff_attention_fused_cpu(
     return _FusedDiffAttention.apply(q, k, v, lambda_full, scale, causal)
 
 
-def decode_cpu_applies(q: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
-    """Whether :func:`diff_attention_decode_cpu` can serve this call: CPU float32, no mask, no autograd, eager."""
-    return (
-        q.device.type == "cpu"
-        and q.dtype == torch.float32
-        and attn_mask is None
-        and not torch.is_grad_enabled()
-        and not torch.compiler.is_compiling()
-        and fused_cpu_available()
-    )
-
-
 def diff_attention_decode_cpu(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -177,26 +166,16 @@ def diff_attention_decode_cpu(
     *,
     causal: bool = True,
     scale: float | None = None,
-    norm: tuple[torch.Tensor | None, float, float] | None = None,
+    norm: HeadNorm | None = None,
 ) -> torch.Tensor:
     """Inference for a few queries (a decode step) in the C++ kernel: both maps' logits per cached key, then
     ONE pass over V with the combined weights, K and V read once; q (B, h, T, 2d), k and v (B, h_kv, S, 2d) CPU
-    float32 -> (B, h, T, 2d). ``norm`` = (gain (2d,) or None, eps, out_scale) also applies the layer's per-head
-    RMSNorm and output scale to each row. No autograd: call it under ``torch.no_grad()``."""
+    float32 -> (B, h, T, 2d). With ``norm`` each head's output row also goes through the layer's per-head RMSNorm
+    and output scale. No autograd: inputs that require grad are refused while grad mode is on."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise ValueError("the C++ decode kernel has no backward: call it under torch.no_grad()")
     q, k, v, scale = _kernel_inputs(q, k, v, scale)
-    return decode_step(q, k, v, _lambda_value(lambda_full), scale, causal, norm)
-
-
-def decode_step(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    lambda_value: float,
-    scale: float,
-    causal: bool,
-    norm: tuple[torch.Tensor | None, float, float] | None,
-) -> torch.Tensor:
-    """:func:`diff_attention_decode_cpu` without its checks, for a caller that guarantees the layout (the layer's
-    generation step, where a one-token step's Python overhead is what is left to save)."""
     gain, eps, out_scale = norm if norm is not None else (None, 0.0, 1.0)
-    return _extension().decode(q, k, v, lambda_value, scale, causal, norm is not None, gain, eps, out_scale)
+    return _extension().decode(
+        q, k, v, _lambda_value(lambda_full), scale, causal, norm is not None, gain, eps, out_scale
+    )

@@ -12,8 +12,6 @@ import torch
 
 from difftransformer.ops.common import build_attend_mask, check_diff_inputs
 
-LogitsHook = Callable[[torch.Tensor], torch.Tensor]
-
 
 def masked_softmax(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Softmax over the last dim; rows with no visible key give zeros (as PyTorch's SDPA does), not NaN."""
@@ -34,7 +32,7 @@ def diff_attention_reference(
     causal: bool = True,
     attn_mask: torch.Tensor | None = None,
     scale: float | None = None,
-    logits_hook: LogitsHook | None = None,
+    logits_hook: Callable[[torch.Tensor], torch.Tensor] | None = None,
     return_maps: bool = False,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
     """Differential attention ``(softmax(Q1 K1^T s) - lambda softmax(Q2 K2^T s)) V`` per head.

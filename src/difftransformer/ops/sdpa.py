@@ -1,7 +1,7 @@
 """Differential attention on PyTorch's fused SDPA kernels.
 
 Stock kernels want V as wide as Q and K, so V (width 2d) is split into its two d-wide halves and each half
-takes one SDPA call over all 2h component maps: twice the matched baseline's attention work (SPEC §4), but
+takes one SDPA call over all 2h component maps: twice the matched baseline's attention work (docs/performance.md), but
 no (T, S) map is ever materialized and every call stays on the fused kernel.
 """
 

@@ -1,5 +1,5 @@
 // Fused differential attention for CPU float32: both softmax maps of a head streamed tile by tile, never
-// materialized, forward and backward (see ops/fused_cpu.py for the contract and SPEC §4 for the cost).
+// materialized, forward and backward (see ops/fused_cpu.py for the contract and docs/performance.md for the cost).
 //
 // Tensors use the paired layout of ops/common.py: q (B, h, T, 2d) = Q1 | Q2, k (B, h_kv, S, 2d) = K1 | K2,
 // v (B, h_kv, S, 2d), any strides with the last dimension contiguous. Causal masking is aligned bottom-right
