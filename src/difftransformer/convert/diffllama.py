@@ -32,7 +32,7 @@ def _adjacent_to_maps_first(weight: torch.Tensor, heads: int, head_dim: int) -> 
     return weight.reshape(heads, 2, head_dim, -1).transpose(0, 1).reshape(weight.shape)
 
 
-def _permute_rotary_rows(weight: torch.Tensor, head_dim: int, permutation: torch.Tensor) -> torch.Tensor:
+def permute_rotary_rows(weight: torch.Tensor, head_dim: int, permutation: torch.Tensor) -> torch.Tensor:
     """Reorder the rows inside every d-row block of a q/k projection."""
     return weight.reshape(-1, head_dim, weight.shape[-1])[:, permutation].reshape(weight.shape)
 
@@ -119,7 +119,7 @@ def from_diffllama(
             groups = heads if name.endswith("q_proj.weight") else kv_heads
             tensor = _maps_first_to_adjacent(tensor, groups, head_dim)
             if rope_style == "interleaved" and not name.endswith("v_proj.weight"):
-                tensor = _permute_rotary_rows(tensor, head_dim, half_to_interleaved)
+                tensor = permute_rotary_rows(tensor, head_dim, half_to_interleaved)
         state[name] = tensor
     model = DiffTransformerForCausalLM(config).to(diffllama.dtype)
     model.load_state_dict(state, strict=True)
@@ -173,7 +173,7 @@ def to_diffllama(model: DiffTransformerForCausalLM) -> DiffLlamaForCausalLM:
                 continue
             if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
                 if config.rope_style == "interleaved" and not name.endswith("v_proj.weight"):
-                    tensor = _permute_rotary_rows(tensor, head_dim, interleaved_to_half)
+                    tensor = permute_rotary_rows(tensor, head_dim, interleaved_to_half)
                 groups = heads if name.endswith("q_proj.weight") else kv_heads
                 tensor = _adjacent_to_maps_first(tensor, groups, head_dim)
             if name.endswith("o_proj.weight") and config.subln == "affine":

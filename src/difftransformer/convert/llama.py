@@ -1,0 +1,145 @@
+"""Exact conversion between our softmax baseline and transformers' Llama.
+
+The matched baseline is a Llama in all but name: pre-RMSNorm blocks, SwiGLU, grouped-query attention with the
+default 1/sqrt(d) scale, no biases, and the same parameter names. Only the rotary pairing can differ: our
+"interleaved" style (the authors' code) rotates dims (2j, 2j+1) where Llama rotates (j, j + d/2) by the same
+angle, so converting permutes the rows inside every head of q_proj and k_proj; "half" models convert with no
+change at all. RoPE scaling (``rope_parameters``: linear, dynamic, YaRN, ...) is carried across as it is, both
+sides computing it with transformers' own functions. Tensors are moved, never recomputed: round trips are
+bit-identical and the logits agree to float32 rounding.
+
+DIFF V1 converts to DiffLlama instead (:mod:`difftransformer.convert.diffllama`). DIFF V2 has no counterpart in
+transformers; its folders load with ``trust_remote_code=True`` (docs/sharing.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from difftransformer.convert.diffllama import ConversionError, permute_rotary_rows
+from difftransformer.layers import interleaved_to_half_permutation
+from difftransformer.models import DiffTransformerConfig, DiffTransformerForCausalLM
+
+NO_NATIVE_COUNTERPART = {
+    "diff": "DIFF V1 converts to transformers' DiffLlama instead: use to_diffllama (`convert --to-diffllama`)",
+    "diff_v2": (
+        "DIFF V2 has no counterpart in transformers; share its folder as it is, which loads with "
+        "trust_remote_code=True where difftransformer is not installed (docs/sharing.md)"
+    ),
+}
+
+
+def check_llama_config(config: LlamaConfig) -> None:
+    """Raise ConversionError naming the first field our softmax model cannot represent exactly."""
+    checks = {
+        "hidden_act": (config.hidden_act == "silu", "'silu' (SwiGLU)"),
+        "attention_bias": (not config.attention_bias, "False (our projections have no bias)"),
+        "mlp_bias": (not config.mlp_bias, "False (our projections have no bias)"),
+        "head_dim": (
+            config.head_dim == config.hidden_size // config.num_attention_heads,
+            f"hidden_size / num_attention_heads = {config.hidden_size // config.num_attention_heads}",
+        ),
+        "attention_dropout": (not config.attention_dropout, "0 (our attention has no dropout)"),
+    }
+    for field, (ok, expected) in checks.items():
+        if not ok:
+            raise ConversionError(
+                f"{field} must be {expected} to convert from Llama; got {getattr(config, field)!r}"
+            )
+
+
+def _load_llama(source: str | Path | LlamaForCausalLM) -> LlamaForCausalLM:
+    if isinstance(source, LlamaForCausalLM):
+        check_llama_config(source.config)
+        return source
+    path = Path(source)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"source must be a Llama model directory with config.json; got {path}")
+    config = LlamaConfig.from_pretrained(path)
+    if config.model_type != "llama":
+        raise ConversionError(f"source must be a Llama checkpoint; its model_type is {config.model_type!r}")
+    check_llama_config(config)
+    return LlamaForCausalLM.from_pretrained(path, dtype="auto")
+
+
+def from_llama(
+    source: str | Path | LlamaForCausalLM, *, rope_style: str = "half"
+) -> DiffTransformerForCausalLM:
+    """Our softmax model computing what a Llama model (or saved directory) computes.
+
+    ``rope_style="half"`` keeps Llama's rotary pairing (the tensors are copied unchanged); "interleaved"
+    permutes q/k rows to the authors' pairing (the same function).
+    """
+    if rope_style not in ("half", "interleaved"):
+        raise ValueError(f"rope_style must be 'half' or 'interleaved'; got {rope_style!r}")
+    llama = _load_llama(source)
+    src = llama.config
+    config = DiffTransformerConfig(
+        vocab_size=src.vocab_size,
+        hidden_size=src.hidden_size,
+        intermediate_size=src.intermediate_size,
+        num_hidden_layers=src.num_hidden_layers,
+        num_attention_heads=src.num_attention_heads,
+        num_key_value_heads=src.num_key_value_heads,
+        attention="softmax",
+        rope_style=rope_style,
+        rms_norm_eps=src.rms_norm_eps,
+        max_position_embeddings=src.max_position_embeddings,
+        initializer_range=src.initializer_range,
+        tie_word_embeddings=src.tie_word_embeddings,
+        pad_token_id=src.pad_token_id,
+        bos_token_id=src.bos_token_id,
+        eos_token_id=src.eos_token_id,
+        rope_parameters=dict(src.rope_parameters),
+    )
+    half_to_interleaved = torch.argsort(interleaved_to_half_permutation(src.head_dim))
+    state = {}
+    for name, tensor in llama.state_dict().items():
+        if rope_style == "interleaved" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            tensor = permute_rotary_rows(tensor, src.head_dim, half_to_interleaved)
+        state[name] = tensor
+    model = DiffTransformerForCausalLM(config).to(llama.dtype)
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
+def to_llama(model: DiffTransformerForCausalLM) -> LlamaForCausalLM:
+    """The LlamaForCausalLM computing what our softmax model computes (causal attention needed)."""
+    config = model.config
+    if config.attention != "softmax":
+        raise ConversionError(
+            f"attention must be 'softmax' to convert to Llama; got {config.attention!r}: "
+            f"{NO_NATIVE_COUNTERPART.get(config.attention, '')}"
+        )
+    if not config.causal:
+        raise ConversionError("causal must be True to convert to Llama (a causal language model); got False")
+    target = LlamaConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        hidden_act="silu",
+        max_position_embeddings=config.max_position_embeddings,
+        initializer_range=config.initializer_range,
+        rms_norm_eps=config.rms_norm_eps,
+        rope_parameters=dict(config.rope_parameters),
+        tie_word_embeddings=config.tie_word_embeddings,
+        pad_token_id=config.pad_token_id,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+    )
+    interleaved_to_half = interleaved_to_half_permutation(config.head_dim)
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if config.rope_style == "interleaved" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            tensor = permute_rotary_rows(tensor, config.head_dim, interleaved_to_half)
+        state[name] = tensor
+    llama = LlamaForCausalLM(target).to(model.dtype)
+    llama.load_state_dict(state, strict=True)
+    return llama.eval()
