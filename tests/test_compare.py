@@ -10,16 +10,18 @@ import numpy as np
 import pytest
 
 from difftransformer.cli import main
-from difftransformer.eval.cli import TASKS
+from difftransformer.compare import cli as compare_cli
+from difftransformer.compare.document import Report
+from difftransformer.compare.runs import run_comparison
+from difftransformer.compare.scaling import fit_power_law, matching_ratio
+from difftransformer.compare.suite_report import suite_sections, suite_verdict, task_table
+from difftransformer.eval import suite
+from difftransformer.eval.registry import TASKS, parse_tasks
 from difftransformer.models import DiffTransformerForCausalLM
-from difftransformer.train import compare, suite
-from difftransformer.train.cli import resolved_preset
+from difftransformer.train.cli import resolved_preset, training_options
 from difftransformer.train.pipeline import PreparedData
 from difftransformer.train.presets import get_preset
-from difftransformer.train.report import Report
 from difftransformer.train.retrieval import mix_in, needle_training_blocks
-from difftransformer.train.scaling import fit_power_law, matching_ratio
-from difftransformer.train.suite_report import suite_sections, suite_verdict, task_table
 from test_train_support import pack, small_tokenizer, synthetic_texts
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -43,7 +45,7 @@ def micro_data(block_size: int) -> PreparedData:
 
 def compare_args(tmp_path, **overrides) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    compare.configure(parser)
+    compare_cli.configure(parser)
     args = parser.parse_args(
         ["--preset", "micro", "--output-dir", str(tmp_path), "--needle-samples", "1", "--report-to", "none"]
     )
@@ -52,11 +54,15 @@ def compare_args(tmp_path, **overrides) -> argparse.Namespace:
     return args
 
 
+def compare(data: PreparedData, args: argparse.Namespace):
+    return run_comparison(data, resolved_preset(args), args, training_options(args))
+
+
 def test_compare_writes_report_and_plots(tmp_path):
     preset = get_preset("micro")
     data = micro_data(preset.block_size)
     args = compare_args(tmp_path, seeds=[0, 1], max_steps=3, needles=[(1, 1), (2, 1)])
-    markdown = compare.run_comparison(data, resolved_preset(args), args)
+    markdown = compare(data, args)
     assert markdown == tmp_path / "report.md"
     text = markdown.read_text()
     for needle in ("DIFF", "Transformer", "test perplexity", "loss_curves.png", " ± ", "| N:R=2:1 |"):
@@ -93,7 +99,7 @@ def test_compare_writes_report_and_plots(tmp_path):
     run0 = tmp_path / "runs" / "micro-diff-seed0"
     before = [(run0 / name).stat().st_mtime_ns for name in ("train_summary.json", "eval/icl/icl.json")]
     args.needle_samples = 2
-    compare.run_comparison(data, resolved_preset(args), args)
+    compare(data, args)
     assert [
         (run0 / name).stat().st_mtime_ns for name in ("train_summary.json", "eval/icl/icl.json")
     ] == before
@@ -108,11 +114,15 @@ def micro_model(attention: str, tokenizer) -> DiffTransformerForCausalLM:
     return DiffTransformerForCausalLM(config).eval()
 
 
-def light(**fields) -> suite.SuiteSettings:
-    """The micro preset's suite with fewer needle samples, so that the test takes seconds."""
-    return suite.SuiteSettings.for_preset(
-        get_preset("micro"), needles=((1, 1), (2, 2)), needle_samples=1, quant_needle_samples=1, **fields
-    )
+def light(light: dict | None = None, **fields) -> suite.SuiteSettings:
+    """The micro preset's suite with fewer needle samples, so that the test takes seconds; ``light`` adds
+    overrides of the tasks' light settings."""
+    preset = get_preset("micro")
+    overrides = {"needle": {"samples": 1}, "quant": {"needle_samples": 1}, **(light or {})}
+    return suite.SuiteSettings(
+        context_length=preset.block_size, needle_digits=preset.needle_digits, needles=((1, 1), (2, 2)),
+        light=overrides, **fields,
+    )  # fmt: skip
 
 
 def test_suite_runs_every_task_with_numbers_in_range(tmp_path):
@@ -159,7 +169,7 @@ def test_suite_runs_every_task_with_numbers_in_range(tmp_path):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(suite, "run_task", counting)
         again = suite.run_suite(
-            model, tokenizer, texts[70:], light(mqar_sequences=4), tmp_path, previous=result
+            model, tokenizer, texts[70:], light({"mqar": {"sequences": 4}}), tmp_path, previous=result
         )
     assert ran == ["mqar"]
     assert {t: again["summary"][t] for t in TASKS if t != "mqar"} == {
@@ -169,15 +179,15 @@ def test_suite_runs_every_task_with_numbers_in_range(tmp_path):
 
 
 def test_suite_refuses_bad_tasks_and_short_text():
-    assert suite.parse_tasks(" mqar,needle ") == ("needle", "mqar")
+    assert parse_tasks(" mqar,needle ") == ("needle", "mqar")
     for text, problem in (("needle,bogus", "unknown bogus"), ("needle,needle", "repeated"), ("", "empty")):
         with pytest.raises(ValueError, match="--tasks must be distinct") as err:
-            suite.parse_tasks(text)
+            parse_tasks(text)
         assert problem in str(err.value) and "needle, attention, outliers, quant, longctx, icl, mqar" in str(
             err.value
         )
     with pytest.raises(ValueError, match="needle_samples must be >= 1; got 0"):
-        suite.SuiteSettings(needle_samples=0)
+        suite.SuiteSettings(light={"needle": {"samples": 0}})
     texts = synthetic_texts(count=12)
     tokenizer = small_tokenizer(texts, vocab_size=400)
     short = [texts[0][:200]]
@@ -240,7 +250,7 @@ def planted_suite(level: float) -> dict:
         "icl": {"test_size": 16, "shots": [0, 2], "orderings": 3},
         "mqar": {"sequences": 16},
     }
-    return {"summary": summary, "options": options, "seconds": {task: 1.0 for task in TASKS}}
+    return {"summary": summary, "options": options, "seconds": {task: 1.0 for task in summary}}
 
 
 def test_report_tables_carry_each_tasks_numbers(tmp_path):
@@ -270,7 +280,7 @@ def test_report_tables_carry_each_tasks_numbers(tmp_path):
     suite_sections(report, groups, tmp_path)
     text = report.markdown()
     assert "| variant | N:R=1:1 | N:R=4:2 |" in text and "| DIFF | 0.30 ± 0.14 | 0.06 ± 0.03 |" in text
-    for task in TASKS:
+    for task in expected:
         assert (tmp_path / f"suite_{task}.png").read_bytes()[:8] == PNG
     # The verdict follows the numbers: the Transformer leads wherever its larger level is better.
     sentences = suite_verdict({label: suites for label, suites in groups})
@@ -293,7 +303,7 @@ def test_compare_over_sizes_fits_scaling(tmp_path):
     preset = get_preset("micro")
     data = micro_data(preset.block_size)
     args = compare_args(tmp_path, sizes=[16, 32, 48], max_steps=2, tasks=("mqar",))
-    text = compare.run_comparison(data, resolved_preset(args), args).read_text()
+    text = compare(data, args).read_text()
     assert "Scaling with parameters" in text and "DIFF reaches the Transformer's loss with" in text
     # The suite's rows are per variant and scale.
     mqar = text.split("(mqar)")[1]

@@ -33,6 +33,9 @@ from difftransformer.data import (
 from difftransformer.data import blocks as blocks_module
 from difftransformer.data import cli as prepare_cli
 from difftransformer.data.corpus import split_documents
+from difftransformer.data.needles import make_needle_sample
+from test_eval import generated_text
+from test_eval import train_tokenizer as train_char_tokenizer
 
 TITLES = {
     "julius_caesar": "JULIUS CAESAR",
@@ -447,3 +450,59 @@ def test_prepare_command(tmp_path, capsys):
         pytest.raises(CorpusError, match=r"--data .*doc00\.txt, \w+ split: texts"),
     ):
         prepare_cli.run(small)
+
+
+# --- multi-needle retrieval samples (shared by training's retrieval blocks and the evaluation) -------
+
+
+@pytest.fixture(scope="module")
+def char_tokenizer():
+    return train_char_tokenizer(257)
+
+
+def test_needle_sample_layout(char_tokenizer):
+    texts = generated_text(50)
+    rng = np.random.default_rng(3)
+    sample = make_needle_sample(
+        char_tokenizer, texts, context_tokens=600, num_needles=4, num_queries=2, depth=0.5, rng=rng
+    )
+    assert len(sample.prompt_ids) == 2 and all(len(p) == 600 for p in sample.prompt_ids)
+    assert len(set(sample.cities)) == 4 and sample.queried[0] == 0
+    for prompt in sample.prompt_ids:
+        for (start, end), city, number in zip(sample.needle_spans, sample.cities, sample.numbers):
+            assert (
+                char_tokenizer.decode(prompt[start:end]).strip() == f"The magic number of {city} is {number}."
+            )
+    assert sample.answer_span == sample.needle_spans[0]
+    assert sample.answers == [sample.numbers[i] for i in sample.queried]
+    # the answer needle sits at half the haystack: its start, minus the needles before it, is mid-haystack
+    before = sum(e - s for s, e in sample.needle_spans[1:] if s < sample.answer_span[0])
+    haystack = sample.context_end - sum(e - s for s, e in sample.needle_spans)
+    assert abs(sample.answer_span[0] - before - haystack / 2) <= 1
+    for r, prompt in enumerate(sample.prompts):
+        assert prompt.endswith(f"The magic number of {sample.cities[sample.queried[r]]} is")
+    again = make_needle_sample(
+        char_tokenizer, texts, context_tokens=600, num_needles=4, num_queries=2, depth=0.5,
+        rng=np.random.default_rng(3),
+    )  # fmt: skip
+    assert again.prompt_ids == sample.prompt_ids
+
+
+@pytest.mark.parametrize("depth", [0.0, 1.0])
+def test_needle_depth_extremes(char_tokenizer, depth):
+    sample = make_needle_sample(
+        char_tokenizer, generated_text(30), context_tokens=400, num_needles=1, num_queries=1, depth=depth,
+        rng=np.random.default_rng(0),
+    )  # fmt: skip
+    start, end = sample.answer_span
+    assert (start == 0) if depth == 0.0 else (end == sample.context_end)
+
+
+def test_needle_sample_rejects_impossible_requests(char_tokenizer):
+    kwargs = dict(context_tokens=100, depth=0.5, rng=np.random.default_rng(0))
+    with pytest.raises(ValueError, match="num_queries"):
+        make_needle_sample(char_tokenizer, generated_text(5), num_needles=2, num_queries=3, **kwargs)
+    with pytest.raises(ValueError, match="more than context_tokens"):
+        make_needle_sample(char_tokenizer, generated_text(5), num_needles=4, num_queries=1, **kwargs)
+    with pytest.raises(ValueError, match="cities"):
+        make_needle_sample(char_tokenizer, generated_text(5), num_needles=99, num_queries=1, **kwargs)

@@ -16,9 +16,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from torch import nn
 from transformers import PreTrainedTokenizerFast
 
+from difftransformer.data.needles import make_needle_sample
 from difftransformer.eval import icl, longctx, mqar, needle, outliers, quant
 from difftransformer.eval.attention import allocation, attention_maps, run_attention
-from difftransformer.eval.common import read_json, write_json
+from difftransformer.eval.common import mean_token_nll
+from difftransformer.storage import read_json, write_json
 
 WORDS = (
     "river stone quiet market garden window light paper morning story people city water simple music".split()
@@ -87,54 +89,6 @@ def needle_oracle(text: str) -> str:
 
 
 # --- needle -------------------------------------------------------------------------------------
-
-
-def test_needle_sample_layout(char_tokenizer):
-    texts = generated_text(50)
-    rng = np.random.default_rng(3)
-    sample = needle.make_needle_sample(
-        char_tokenizer, texts, context_tokens=600, num_needles=4, num_queries=2, depth=0.5, rng=rng
-    )
-    assert len(sample.prompt_ids) == 2 and all(len(p) == 600 for p in sample.prompt_ids)
-    assert len(set(sample.cities)) == 4 and sample.queried[0] == 0
-    for prompt in sample.prompt_ids:
-        for (start, end), city, number in zip(sample.needle_spans, sample.cities, sample.numbers):
-            assert (
-                char_tokenizer.decode(prompt[start:end]).strip() == f"The magic number of {city} is {number}."
-            )
-    assert sample.answer_span == sample.needle_spans[0]
-    assert sample.answers == [sample.numbers[i] for i in sample.queried]
-    # the answer needle sits at half the haystack: its start, minus the needles before it, is mid-haystack
-    before = sum(e - s for s, e in sample.needle_spans[1:] if s < sample.answer_span[0])
-    haystack = sample.context_end - sum(e - s for s, e in sample.needle_spans)
-    assert abs(sample.answer_span[0] - before - haystack / 2) <= 1
-    for r, prompt in enumerate(sample.prompts):
-        assert prompt.endswith(f"The magic number of {sample.cities[sample.queried[r]]} is")
-    again = needle.make_needle_sample(
-        char_tokenizer, texts, context_tokens=600, num_needles=4, num_queries=2, depth=0.5,
-        rng=np.random.default_rng(3),
-    )  # fmt: skip
-    assert again.prompt_ids == sample.prompt_ids
-
-
-@pytest.mark.parametrize("depth", [0.0, 1.0])
-def test_needle_depth_extremes(char_tokenizer, depth):
-    sample = needle.make_needle_sample(
-        char_tokenizer, generated_text(30), context_tokens=400, num_needles=1, num_queries=1, depth=depth,
-        rng=np.random.default_rng(0),
-    )  # fmt: skip
-    start, end = sample.answer_span
-    assert (start == 0) if depth == 0.0 else (end == sample.context_end)
-
-
-def test_needle_sample_rejects_impossible_requests(char_tokenizer):
-    kwargs = dict(context_tokens=100, depth=0.5, rng=np.random.default_rng(0))
-    with pytest.raises(ValueError, match="num_queries"):
-        needle.make_needle_sample(char_tokenizer, generated_text(5), num_needles=2, num_queries=3, **kwargs)
-    with pytest.raises(ValueError, match="more than context_tokens"):
-        needle.make_needle_sample(char_tokenizer, generated_text(5), num_needles=4, num_queries=1, **kwargs)
-    with pytest.raises(ValueError, match="cities"):
-        needle.make_needle_sample(char_tokenizer, generated_text(5), num_needles=99, num_queries=1, **kwargs)
 
 
 def test_needle_oracle_scores_one_and_wrong_model_zero(char_tokenizer, tmp_path):
@@ -236,7 +190,7 @@ def test_attention_allocation_end_to_end_on_planted_models(char_tokenizer, digit
     entry = focused["by_depth"][0]
     assert entry["answer"] == pytest.approx(1.0) and entry["context"] == pytest.approx(0.0)
     uniform = run_attention(PlantedAttention(char_tokenizer, "uniform"), char_tokenizer, texts, **kwargs)
-    sample = needle.make_needle_sample(char_tokenizer, texts, context_tokens=300, num_needles=1, num_queries=1,
+    sample = make_needle_sample(char_tokenizer, texts, context_tokens=300, num_needles=1, num_queries=1,
                                        depth=0.5, rng=np.random.default_rng(7), number_digits=digits)  # fmt: skip
     # Character tokens: the answer is a space and the digits, so the expected shares use the right digit count.
     assert len(sample.answer_ids[0]) == 1 + digits
@@ -401,7 +355,9 @@ def test_quant_loss_on_a_real_model(family):
                 layer.self_attn.q_proj.weight.mul_(6.0)
                 layer.self_attn.k_proj.weight.mul_(6.0)
     ids = torch.randint(0, 97, (400,)).tolist()
-    plain = quant.mean_loss(model, torch.tensor(ids[:128]).view(4, 32))  # the model's own attention path
+    plain = mean_token_nll(
+        model, torch.tensor(ids[:128]).view(4, 32), batch_size=1
+    )  # the model's own attention path
     result = quant.run_quant(model, None, ids, bits=[16, 2], length=32, num_sequences=4, progress=False)
     reference, sixteen, two = (r["loss"] for r in result["rows"])
     assert reference == pytest.approx(plain, abs=1e-5)  # the hooked path computes the same function

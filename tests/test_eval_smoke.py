@@ -8,7 +8,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from difftransformer import DiffTransformerConfig, DiffTransformerForCausalLM
 from difftransformer.cli import main
-from difftransformer.eval.common import read_json
+from difftransformer.storage import read_json
 from test_eval import generated_text, train_tokenizer
 
 TASK_OPTIONS = {

@@ -14,9 +14,10 @@ from transformers import TrainerCallback
 from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.checkpoints import COMPLETE_MARKER, checkpoint_problem, last_good_checkpoint
 from difftransformer.train.lock import RunDirectoryLocked, RunLock
-from difftransformer.train.presets import PRESETS, get_preset
+from difftransformer.train.presets import PRESETS, RECIPE, get_preset
 from difftransformer.train.retrieval import mix_in, needle_training_blocks
-from difftransformer.train.runner import METRICS_CSV, TrainOptions, train_model
+from difftransformer.train.runner import METRICS_CSV, train_model
+from difftransformer.train.settings import TrainingSettings
 from test_train_support import pack, small_tokenizer, synthetic_texts
 
 BLOCK = 32
@@ -30,8 +31,9 @@ def data():
     return tokenizer, blocks[:-8], blocks[-8:]
 
 
-def options(output_dir, **overrides) -> TrainOptions:
+def options(output_dir, **overrides) -> TrainingSettings:
     fields = dict(
+        RECIPE,
         output_dir=str(output_dir),
         max_steps=6,
         per_device_train_batch_size=4,
@@ -43,7 +45,7 @@ def options(output_dir, **overrides) -> TrainOptions:
         report_to="none",
     )
     fields.update(overrides)
-    return TrainOptions(**fields)
+    return TrainingSettings(**fields)
 
 
 def config_for(tokenizer, attention="diff"):
@@ -128,7 +130,7 @@ def test_incomplete_checkpoint_is_ignored_on_resume(tmp_path, data):
     (broken / COMPLETE_MARKER).write_text('{"global_step": 5}')
     assert "trainer_state" in checkpoint_problem(broken) or "safetensors" in checkpoint_problem(broken)
     assert last_good_checkpoint(tmp_path) == good
-    assert not broken.exists() and (tmp_path / "checkpoint-5.incomplete").is_dir()
+    assert not broken.exists() and (tmp_path / "incomplete-checkpoint-5").is_dir()
     result = train_model(config_for(tokenizer), train, val, tokenizer, options(tmp_path), resume=True)
     assert result.global_step == 6 and len(train_losses(tmp_path)) == 6
 
@@ -165,7 +167,7 @@ def test_presets_match_the_paper():
         PRESETS["3b"].model_config().intermediate_size == 8192
         and PRESETS["3b"].model_config().head_dim == 128
     )
-    assert (PRESETS["3b"].adam_beta2, PRESETS["3b"].weight_decay) == (0.95, 0.1)
+    assert (PRESETS["3b"].training["adam_beta2"], PRESETS["3b"].training["weight_decay"]) == (0.95, 0.1)
     with pytest.raises(ValueError, match="preset must be one of"):
         get_preset("7b")
     with pytest.raises(ValueError, match="attention must be one of"):
@@ -184,7 +186,7 @@ def test_bad_blocks_are_refused(tmp_path, data):
 def test_generate_greedy_and_sampled(tmp_path, data, capsys):
     import argparse
 
-    from difftransformer.train import generate
+    from difftransformer import generate
 
     tokenizer, train, val = data
     train_model(config_for(tokenizer), train, val, tokenizer, options(tmp_path, max_steps=2, save_steps=2))

@@ -18,16 +18,18 @@ SCRIPT = textwrap.dedent(
     """
     import sys
     from test_train_support import pack, small_tokenizer, synthetic_texts
-    from difftransformer.train.presets import get_preset
-    from difftransformer.train.runner import TrainOptions, train_model
+    from difftransformer.train.presets import RECIPE, get_preset
+    from difftransformer.train.runner import train_model
+    from difftransformer.train.settings import TrainingSettings
 
     output_dir, batch = sys.argv[1], int(sys.argv[2])
     texts = synthetic_texts()
     tokenizer = small_tokenizer(texts)
     blocks = pack(texts, tokenizer, 32)
     config = get_preset("micro").model_config("diff", vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id)
-    options = TrainOptions(output_dir=output_dir, max_steps=4, per_device_train_batch_size=batch, logging_steps=1,
-                           eval_steps=4, save_steps=4, learning_rate=3e-3, warmup_steps=1, report_to="none")
+    options = TrainingSettings(**{**RECIPE, **dict(
+        output_dir=output_dir, max_steps=4, per_device_train_batch_size=batch, logging_steps=1, eval_steps=4,
+        save_steps=4, learning_rate=3e-3, warmup_steps=1, report_to="none")})
     train_model(config, blocks[:-8], blocks[-8:], tokenizer, options)
     """
 )

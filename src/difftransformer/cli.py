@@ -16,9 +16,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "fetch the built-in corpus, train a tokenizer, cache packed blocks",
     ),
     "train": ("difftransformer.train.cli", "train a DIFF, DIFF V2 or softmax language model"),
-    "generate": ("difftransformer.train.generate", "continue a prompt with a trained checkpoint"),
+    "generate": ("difftransformer.generate", "continue a prompt with a trained checkpoint"),
     "compare": (
-        "difftransformer.train.compare",
+        "difftransformer.compare.cli",
         "train DIFF and its matched baseline alike and write a report",
     ),
     "eval": ("difftransformer.eval.cli", "run one of the paper's experiments on any causal LM checkpoint"),

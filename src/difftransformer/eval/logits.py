@@ -12,15 +12,15 @@ value half); the second call reuses the first call's hooked logits, so each map 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 from torch import nn
 
 from difftransformer.eval.common import is_difftransformer
+from difftransformer.layers.hooks import LogitsHook
 
-LogitsHook = Callable[[nn.Module, torch.Tensor], torch.Tensor]
 IMPLEMENTATION = "difftransformer_logits"
 
 _active: dict = {"hook": None, "last": None}

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from difftransformer.eval.common import check_context_length, model_device, pyplot, save_figure, write_json
+from difftransformer.eval.common import check_context_length, model_device, pyplot, save_figure, token_stream
+from difftransformer.eval.task import Chart, Column, LightSettings, Measure, Panel, SuiteContext, Task
+from difftransformer.storage import write_json
 
 
 @torch.no_grad()
@@ -89,3 +94,72 @@ def plot_cumulative(curves: Sequence[tuple[str, np.ndarray]], path) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     save_figure(fig, path)
+
+
+@dataclass(frozen=True)
+class LongctxLight(LightSettings):
+    """longctx in a comparison: held-out windows whose per-position NLL is averaged."""
+
+    sequences: int = 8
+
+
+class LongctxTask(Task):
+    """Long-context modelling: next-token NLL by position, its mean and its cumulative average."""
+
+    name = "longctx"
+    title = "NLL by position (longctx)"
+    help = "long-context modelling: cumulative average NLL by position on held-out text"
+    light = LongctxLight()
+
+    def configure(self, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("longctx")
+        group.add_argument("--length", type=int, default=2048, help="window length in tokens (default 2048)")
+        group.add_argument("--num-sequences", type=int, default=8, help="held-out windows (default 8)")
+
+    def options(self, args: argparse.Namespace, model: nn.Module) -> dict:
+        check_context_length(model, args.length, "--length")
+        return dict(length=args.length, num_sequences=args.num_sequences)
+
+    def light_options(self, light: LongctxLight, suite: SuiteContext) -> dict:
+        return dict(length=suite.context_length, num_sequences=suite.windows(light.sequences))
+
+    def run(self, model, tokenizer, texts, options, output_dir: Path, progress: bool) -> dict:
+        ids = token_stream(tokenizer, texts, options["length"] * options["num_sequences"])
+        return run_longctx(model, ids, **options, output_dir=output_dir, progress=progress)
+
+    def summarise(self, results: dict) -> dict:
+        cumulative = results["cumulative_nll"]
+        # The cumulative average at positions 1, 4, 16, ... and the last one (where it equals the mean NLL).
+        positions, p = [], 1
+        while p < len(cumulative):
+            positions.append(p)
+            p *= 4
+        positions.append(len(cumulative))
+        return dict(
+            mean_nll=results["mean_nll"], cumulative_nll={str(p): cumulative[p - 1] for p in positions}
+        )
+
+    def columns(self, summary: dict) -> list[Column]:
+        # The cumulative average at the last position is the mean NLL, which has its own column.
+        positions = list(summary["cumulative_nll"].items())[:-1]
+        return [Column("mean NLL", summary["mean_nll"], 3)] + [
+            Column(f"cumulative NLL to {p}", value, 3) for p, value in positions
+        ]
+
+    def describe(self, options: dict) -> str:
+        return (
+            f"Next-token NLL (nats) on {options['num_sequences']} held-out windows of {options['length']} tokens: "
+            "the mean, and the cumulative average from the first position up to the given one. Lower is better."
+        )
+
+    def chart(self, summary: dict) -> Chart:
+        positions = list(summary["cumulative_nll"])
+        headers = [f"cumulative NLL to {p}" for p in positions[:-1]] + ["mean NLL"]
+        return Chart("lines", "long-context NLL by position", [Panel("cumulative average NLL (nats)", headers)],
+                     xlabel="position (tokens)", xticks=positions)  # fmt: skip
+
+    def measures(self, summary: dict) -> list[Measure]:
+        return [Measure("mean NLL by position", lambda s: s["mean_nll"], False, 3)]
+
+
+TASK = LongctxTask()

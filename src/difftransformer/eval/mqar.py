@@ -14,14 +14,26 @@ A pretrained LM sees gibberish tokens, which is the point: only in-context recal
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from difftransformer.eval.common import check_context_length, model_device, pyplot, save_figure, write_json
+from difftransformer.eval.common import (
+    check_context_length,
+    mean,
+    model_device,
+    parse_list,
+    pyplot,
+    save_figure,
+)
+from difftransformer.eval.task import UNIT, Chart, Column, LightSettings, Measure, Panel, SuiteContext, Task
+from difftransformer.storage import write_json
 
 
 def make_mqar_batch(
@@ -132,3 +144,86 @@ def run_mqar(
         ax.grid(alpha=0.3)
         save_figure(fig, f"{output_dir}/mqar.png")
     return results
+
+
+def fitting_pairs(context_length: int, most: int) -> list[int]:
+    """Powers of two from 4 up to ``most`` whose MQAR sequence (every key queried: 4 tokens a pair) fits."""
+    pairs, n = [], 4
+    while n <= most and 4 * n <= context_length:
+        pairs.append(n)
+        n *= 2
+    return pairs
+
+
+@dataclass(frozen=True)
+class MqarLight(LightSettings):
+    """mqar in a comparison: every power of two from 4 pairs up to ``max_pairs`` whose sequence (keys, values,
+    queries) fits the context; sequences per setting."""
+
+    max_pairs: int = 64
+    sequences: int = 16
+
+
+class MqarTask(Task):
+    """Multi-query associative recall on raw vocabulary ids."""
+
+    name = "mqar"
+    title = "Multi-query associative recall (mqar)"
+    help = "multi-query associative recall: in-context key-value recall on raw vocabulary ids"
+    reads_text = False
+    needs_tokenizer = False
+    light = MqarLight()
+
+    def configure(self, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("mqar")
+        group.add_argument("--num-pairs", default="4,8,16,32,64", help="key-value pairs per sequence "
+                           "(comma-separated)")  # fmt: skip
+        group.add_argument("--num-queries", type=int, default=None, help="queries per sequence (default: "
+                           "every key)")  # fmt: skip
+        group.add_argument("--sequences", type=int, default=64, help="sequences per setting (default 64)")
+        group.add_argument(
+            "--batch-size", type=int, default=16, help="sequences per forward pass (default 16)"
+        )
+        group.add_argument("--first-id", type=int, default=None, help="lowest vocabulary id used for keys/values "
+                           "(default 256, or a quarter of a smaller vocabulary)")  # fmt: skip
+
+    def options(self, args: argparse.Namespace, model: nn.Module) -> dict:
+        return dict(
+            num_pairs=parse_list(args.num_pairs, int, "--num-pairs"), num_queries=args.num_queries,
+            sequences=args.sequences, batch_size=args.batch_size, first_id=args.first_id, seed=args.seed,
+        )  # fmt: skip
+
+    def light_options(self, light: MqarLight, suite: SuiteContext) -> dict:
+        pairs = fitting_pairs(suite.context_length, light.max_pairs)
+        if not pairs:
+            raise ValueError(
+                f"mqar needs a context of at least 16 tokens; got context_length {suite.context_length}"
+            )
+        return dict(num_pairs=pairs, sequences=light.sequences, seed=suite.seed)
+
+    def run(self, model, tokenizer, texts, options, output_dir: Path, progress: bool) -> dict:
+        return run_mqar(model, tokenizer, **options, output_dir=output_dir, progress=progress)
+
+    def summarise(self, results: dict) -> dict:
+        return {str(r["num_pairs"]): r["accuracy"] for r in results["rows"]}
+
+    def columns(self, summary: dict) -> list[Column]:
+        return [Column(f"{pairs} pairs", accuracy, 2) for pairs, accuracy in summary.items()]
+
+    def describe(self, options: dict) -> str:
+        return (
+            f"Share of queried keys whose value is the model's argmax, {options['sequences']} sequences of random "
+            "vocabulary ids per number of key-value pairs. Higher is better."
+        )
+
+    def chart(self, summary: dict) -> Chart:
+        pairs = list(summary)
+        return Chart("lines", "multi-query associative recall",
+                     [Panel("recall accuracy", [f"{n} pairs" for n in pairs], UNIT)], xlabel="key-value pairs",
+                     xticks=pairs)  # fmt: skip
+
+    def measures(self, summary: dict) -> list[Measure]:
+        return [Measure("MQAR accuracy averaged over pair counts", lambda s: mean(list(s.values())), True, 2)]
+
+
+TASK = MqarTask()

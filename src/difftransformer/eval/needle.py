@@ -1,189 +1,41 @@
-"""Multi-needle retrieval (paper §3.4): the sample generator the training code reuses, and its scoring.
-
-A needle is a short sentence giving a city a magic number. N needles go into a haystack of ordinary text;
-R of the cities are queried. The answer needle (the first queried city) sits at a chosen depth of the
-context, every other needle at a random position.
+"""Multi-needle retrieval (paper §3.4): exact recall of magic numbers hidden in held-out text, scored by greedy
+decoding, and the ``needle`` task. The samples come from :mod:`difftransformer.data.needles` (shared with
+training's retrieval blocks); the needle options here serve the attention and quant tasks too.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from difftransformer.eval.common import check_context_length, model_device, pyplot, save_figure, write_json
+from difftransformer.data.needles import (
+    CITIES,
+    NEEDLE_TEMPLATE,
+    QUESTION_TEMPLATE,
+    NeedleSample,
+    encode,
+    make_needle_sample,
+)
+from difftransformer.eval.common import (
+    check_context_length,
+    mean,
+    model_device,
+    parse_list,
+    pyplot,
+    save_figure,
+)
+from difftransformer.eval.task import UNIT, Chart, Column, LightSettings, Measure, Panel, SuiteContext, Task
+from difftransformer.storage import write_json
 
-CITIES: tuple[str, ...] = (
-    "Amsterdam", "Athens", "Bangkok", "Barcelona", "Beijing", "Berlin", "Bogota", "Boston", "Brussels",
-    "Budapest", "Cairo", "Chicago", "Copenhagen", "Dakar", "Dublin", "Edinburgh", "Florence", "Geneva",
-    "Hamburg", "Havana", "Helsinki", "Istanbul", "Jakarta", "Kyoto", "Lagos", "Lima", "Lisbon", "London",
-    "Madrid", "Manila", "Melbourne", "Miami", "Milan", "Montreal", "Moscow", "Mumbai", "Munich", "Nairobi",
-    "Naples", "Oslo", "Paris", "Prague", "Quito", "Riga", "Rome", "Santiago", "Seattle", "Seoul",
-    "Shanghai", "Singapore", "Stockholm", "Sydney", "Taipei", "Tokyo", "Toronto", "Valencia", "Vienna",
-    "Warsaw", "Zagreb", "Zurich",
-)  # fmt: skip
-
-NEEDLE_TEMPLATE = " The magic number of {city} is {number}. "
-QUESTION_TEMPLATE = "\nWhat are the magic numbers of {cities}?\nThe magic number of {city} is"
 DEFAULT_DEPTHS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
-
-
-@dataclass
-class NeedleSample:
-    """One multi-needle retrieval sample; one prompt per queried city.
-
-    Attributes:
-        prompt_ids: R token-id lists; prompt r is the shared context, then the question ending in the
-            answer prefix for queried city r ("... The magic number of {city_r} is").
-        prompts: the same prompts as text (tokenizer.decode of prompt_ids).
-        answers: R magic numbers as strings, in query order.
-        answer_ids: R token-id lists of " {number}" (what greedy decoding should produce).
-        cities, numbers: all N needles' cities and numbers, in insertion order (answer needle first).
-        queried: indices into ``cities`` of the R queried needles (``queried[0] == 0``: the answer needle).
-        answer_span: [start, end) token positions of the answer needle in every prompt.
-        needle_spans: [start, end) of each of the N needles, same order as ``cities``.
-        context_end: position where the question starts (the haystack and needles are [0, context_end)).
-        depth: the answer needle's depth in [0, 1].
-    """
-
-    prompt_ids: list[list[int]]
-    prompts: list[str]
-    answers: list[str]
-    answer_ids: list[list[int]]
-    cities: list[str]
-    numbers: list[str]
-    queried: list[int]
-    answer_span: tuple[int, int]
-    needle_spans: list[tuple[int, int]] = field(default_factory=list)
-    context_end: int = 0
-    depth: float = 0.0
-
-
-def _encode(tokenizer, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def make_needle_sample(
-    tokenizer,
-    haystack_texts: Sequence[str] | Sequence[int],
-    *,
-    context_tokens: int,
-    num_needles: int,
-    num_queries: int,
-    depth: float,
-    rng: np.random.Generator,
-    needle_template: str = NEEDLE_TEMPLATE,
-    question_template: str = QUESTION_TEMPLATE,
-    number_digits: int = 6,
-    cities: Sequence[str] = CITIES,
-) -> NeedleSample:
-    """Draw one sample of exactly ``context_tokens`` tokens per prompt (question included).
-
-    The haystack is a window of the tokenized ``haystack_texts`` starting at a random offset; the needles
-    are spliced in at token boundaries, so spans are exact in the ids the model sees. Cities (distinct)
-    and magic numbers (``number_digits`` digits, no leading zero) are drawn from ``rng`` per sample.
-
-    Args:
-        tokenizer: a transformers tokenizer (called without special tokens).
-        haystack_texts: documents (joined by newlines), or an already tokenized stream of ids (faster when
-            drawing many samples: tokenize once with ``tokenizer(text)["input_ids"]``).
-        context_tokens: total length of each prompt in tokens.
-        num_needles: N >= 1.
-        num_queries: R, 1 <= R <= N.
-        depth: the answer needle's position as a fraction of the haystack, 0 (start) to 1 (end).
-        rng: a NumPy generator; the same seed gives the same sample.
-        needle_template: format string with {city} and {number}.
-        question_template: format string with {cities} (all queried cities, comma-joined) and {city}
-            (the one whose number this prompt asks for); it should end in the answer prefix.
-
-    Raises:
-        ValueError: impossible requests (R > N, more needles than cities, needles and question longer
-            than the context, a haystack too short for it).
-    """
-    if num_needles < 1:
-        raise ValueError(f"num_needles must be >= 1; got {num_needles}")
-    if not 1 <= num_queries <= num_needles:
-        raise ValueError(f"num_queries must lie in [1, num_needles={num_needles}]; got {num_queries}")
-    if num_needles > len(cities):
-        raise ValueError(f"num_needles={num_needles} exceeds the {len(cities)} available cities")
-    if not 0.0 <= depth <= 1.0:
-        raise ValueError(f"depth must lie in [0, 1]; got {depth}")
-    if number_digits < 1:
-        raise ValueError(f"number_digits must be >= 1; got {number_digits}")
-
-    chosen = [cities[i] for i in rng.choice(len(cities), size=num_needles, replace=False)]
-    numbers = [str(int(rng.integers(10 ** (number_digits - 1), 10**number_digits))) for _ in chosen]
-    queried = [
-        0,
-        *sorted(rng.choice(np.arange(1, num_needles), size=num_queries - 1, replace=False).tolist()),
-    ]
-    needle_ids = [
-        _encode(tokenizer, needle_template.format(city=c, number=n)) for c, n in zip(chosen, numbers)
-    ]
-    query_cities = ", ".join(chosen[i] for i in queried)
-    question_ids = [
-        _encode(tokenizer, question_template.format(cities=query_cities, city=chosen[i])) for i in queried
-    ]
-    # Prompts must all have the same context; pad shorter questions by taking a longer haystack.
-    longest_question = max(len(q) for q in question_ids)
-    budget = context_tokens - sum(len(n) for n in needle_ids) - longest_question
-    if budget < 1:
-        raise ValueError(
-            f"{num_needles} needles and the question need {context_tokens - budget + 1} tokens, more than "
-            f"context_tokens={context_tokens}; use fewer needles or a longer context"
-        )
-
-    stream = (
-        list(haystack_texts)
-        if len(haystack_texts) and isinstance(haystack_texts[0], (int, np.integer))
-        else _encode(tokenizer, "\n".join(haystack_texts))
-    )
-    if len(stream) < budget:
-        raise ValueError(
-            f"the haystack has {len(stream)} tokens; a {context_tokens}-token context needs {budget}"
-        )
-    start = int(rng.integers(0, len(stream) - budget + 1))
-    haystack = stream[start : start + budget]
-
-    # Insertion points in the haystack: the answer needle at its depth, the others uniformly at random.
-    points = [round(depth * budget)] + rng.integers(0, budget + 1, size=num_needles - 1).tolist()
-    order = sorted(range(num_needles), key=lambda i: (points[i], i))
-    context: list[int] = []
-    spans: list[tuple[int, int]] = [(0, 0)] * num_needles
-    cursor = 0
-    for i in order:
-        context.extend(haystack[cursor : points[i]])
-        cursor = points[i]
-        spans[i] = (len(context), len(context) + len(needle_ids[i]))
-        context.extend(needle_ids[i])
-    context.extend(haystack[cursor:])
-
-    prompt_ids = []
-    for ids in question_ids:
-        # Each prompt keeps the shared context; shorter questions are left-filled with extra haystack so
-        # every prompt has exactly context_tokens tokens and the needle spans stay put.
-        fill = stream[start + budget : start + budget + longest_question - len(ids)]
-        prompt_ids.append(context + fill + ids)
-    if any(len(p) != context_tokens for p in prompt_ids):
-        raise ValueError(f"the haystack is too short to fill {context_tokens} tokens for every question")
-    return NeedleSample(
-        prompt_ids=prompt_ids,
-        prompts=[tokenizer.decode(p) for p in prompt_ids],
-        answers=[numbers[i] for i in queried],
-        answer_ids=[_encode(tokenizer, " " + numbers[i]) for i in queried],
-        cities=chosen,
-        numbers=numbers,
-        queried=queried,
-        answer_span=spans[0],
-        needle_spans=spans,
-        context_end=len(context),
-        depth=depth,
-    )
 
 
 @torch.no_grad()
@@ -259,11 +111,11 @@ def validate_needle_run(
             if n > len(CITIES):
                 raise ValueError(f"--needles: N={n} exceeds the {len(CITIES)} available cities")
             needle_len = max(
-                len(_encode(tokenizer, needle_template.format(city=c, number="9" * number_digits)))
+                len(encode(tokenizer, needle_template.format(city=c, number="9" * number_digits)))
                 for c in CITIES[:n]
             )
             question = question_template.format(cities=", ".join(CITIES[:r]), city=CITIES[0])
-            need = n * needle_len + len(_encode(tokenizer, question)) + 1
+            need = n * needle_len + len(encode(tokenizer, question)) + 1
             if need > length:
                 raise ValueError(
                     f"--needles {n}:{r} needs about {need} tokens of needles and question, more than the "
@@ -302,7 +154,7 @@ def run_needle(
     for d in depths:
         if not 0.0 <= d <= 1.0:
             raise ValueError(f"depths must lie in [0, 1]; got {d}")
-    stream = _encode(tokenizer, "\n".join(haystack_texts))
+    stream = encode(tokenizer, "\n".join(haystack_texts))
     validate_needle_run(
         model,
         tokenizer,
@@ -363,3 +215,100 @@ def plot_heatmap(cells, n, r, lengths, depths, path) -> None:
     ax.set_title(f"multi-needle retrieval, N={n}, R={r}")
     fig.colorbar(image, ax=ax, label="accuracy")
     save_figure(fig, path)
+
+
+def add_needle_arguments(parser: argparse.ArgumentParser, *, pairs: str, samples: int, title: str) -> None:
+    """The needle options (for needle, attention and quant's needle check), with the task's own defaults."""
+    group = parser.add_argument_group(title)
+    group.add_argument("--context-lengths", default="1024", help="comma-separated prompt lengths in tokens "
+                       "(default 1024)")  # fmt: skip
+    group.add_argument("--needles", default=pairs, help=f"comma-separated N:R pairs (N needles, R queried; "
+                       f"default {pairs})")  # fmt: skip
+    group.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="answer-needle depths in [0, 1]")
+    group.add_argument("--samples", type=int, default=samples, help=f"samples per (N:R, length, depth) cell "
+                       f"(default {samples})")  # fmt: skip
+    group.add_argument("--needle-template", default=NEEDLE_TEMPLATE, help="needle sentence with {city} and "
+                       "{number}")  # fmt: skip
+    group.add_argument("--question-template", default=QUESTION_TEMPLATE, help="question with {cities} and "
+                       "{city}, ending in the answer prefix")  # fmt: skip
+    group.add_argument("--needle-digits", type=int, default=6, help="digits of the magic numbers (default 6; "
+                       "models from `compare --preset tiny` were trained on 3)")  # fmt: skip
+
+
+def needle_options(args: argparse.Namespace) -> dict:
+    """:func:`run_needle`'s grid from the needle options, checked (templates must hold their fields)."""
+    if args.needle_digits < 1:
+        raise ValueError(f"--needle-digits must be >= 1; got {args.needle_digits}")
+    options = dict(
+        context_lengths=parse_list(args.context_lengths, int, "--context-lengths"),
+        needle_configs=parse_needle_configs(args.needles),
+        depths=parse_list(args.depths, float, "--depths"),
+        samples=args.samples,
+        needle_template=args.needle_template,
+        question_template=args.question_template,
+        number_digits=args.needle_digits,
+    )
+    for key, fields in (("needle_template", ("{city}", "{number}")), ("question_template", ("{city}",))):
+        missing = [f for f in fields if f not in options[key]]
+        if missing:
+            raise ValueError(
+                f"--{key.replace('_', '-')} must contain {', '.join(missing)}; got {options[key]!r}"
+            )
+    return options
+
+
+@dataclass(frozen=True)
+class NeedleLight(LightSettings):
+    """needle in a comparison: answer depths and samples per (N:R, depth) cell (the N:R pairs, the context and
+    the digits are the suite's)."""
+
+    depths: tuple[float, ...] = DEFAULT_DEPTHS
+    samples: int = 6
+
+
+class NeedleTask(Task):
+    """Multi-needle retrieval: share of queried magic numbers recalled exactly, per N:R."""
+
+    name = "needle"
+    title = "Multi-needle retrieval (needle)"
+    help = "multi-needle retrieval: recall of magic numbers hidden in held-out text"
+    light = NeedleLight()
+
+    def configure(self, parser: argparse.ArgumentParser) -> None:
+        add_needle_arguments(parser, pairs="1:1,2:2,4:2,6:2", samples=50, title="needle")
+
+    def options(self, args: argparse.Namespace, model: nn.Module) -> dict:
+        return {**needle_options(args), "seed": args.seed}
+
+    def light_options(self, light: NeedleLight, suite: SuiteContext) -> dict:
+        return dict(
+            context_lengths=[suite.context_length], needle_configs=[list(c) for c in suite.needles],
+            depths=list(light.depths), samples=light.samples, number_digits=suite.needle_digits, seed=suite.seed,
+        )  # fmt: skip
+
+    def run(self, model, tokenizer, texts, options, output_dir: Path, progress: bool) -> dict:
+        return run_needle(model, tokenizer, texts, **options, output_dir=output_dir, progress=progress)
+
+    def summarise(self, results: dict) -> dict:
+        return results["by_config"]
+
+    def columns(self, summary: dict) -> list[Column]:
+        return [Column(f"N:R={config}", accuracy, 2) for config, accuracy in summary.items()]
+
+    def describe(self, options: dict) -> str:
+        return (
+            f"Share of queried magic numbers ({options['number_digits']} digits) recalled exactly by greedy "
+            f"decoding from {options['context_lengths'][0]}-token contexts of held-out text, per N:R (N needles, "
+            f"R queried), with the answer needle at depths {options['depths']} ({options['samples']} per depth). "
+            "Higher is better."
+        )
+
+    def chart(self, summary: dict) -> Chart:
+        headers = [column.header for column in self.columns(summary)]
+        return Chart("bars", "multi-needle retrieval", [Panel("exact-match accuracy", headers, UNIT)])
+
+    def measures(self, summary: dict) -> list[Measure]:
+        return [Measure("mean retrieval accuracy", lambda s: mean(list(s.values())), True, 2)]
+
+
+TASK = NeedleTask()

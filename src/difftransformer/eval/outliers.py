@@ -8,15 +8,20 @@ median's bin; values below 1e-6, zeros included, fall into the lowest bin).
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from difftransformer.eval.common import check_context_length, model_device, pyplot, save_figure, write_json
+from difftransformer.eval.common import check_context_length, model_device, pyplot, save_figure, token_stream
 from difftransformer.eval.logits import attention_logits, visible_keys
+from difftransformer.eval.task import Chart, Column, LightSettings, Measure, Panel, SuiteContext, Task
+from difftransformer.storage import write_json
 
 TOP_KS: tuple[int, ...] = (1, 2, 3, 10, 100)
 
@@ -155,3 +160,75 @@ def plot_outliers(results: dict, path) -> None:
         ax.grid(alpha=0.3, axis="y")
     fig.suptitle(f"activation outliers over {results['tokens']} tokens")
     save_figure(fig, path)
+
+
+@dataclass(frozen=True)
+class OutliersLight(LightSettings):
+    """outliers in a comparison: how many context-length windows of held-out text to scan."""
+
+    windows: int = 4
+
+
+class OutliersTask(Task):
+    """Activation outliers: largest against median absolute attention logit and hidden state."""
+
+    name = "outliers"
+    title = "Activation outliers (outliers)"
+    help = "activation outliers: top-k and median of |attention logits| and |hidden states|"
+    light = OutliersLight()
+
+    def configure(self, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("outliers")
+        group.add_argument("--length", type=int, default=1024, help="window length in tokens (default 1024)")
+        group.add_argument(
+            "--tokens", type=int, default=16384, help="tokens to scan (default 16384; paper: 400000)"
+        )
+
+    def options(self, args: argparse.Namespace, model: nn.Module) -> dict:
+        check_context_length(model, args.length, "--length")
+        return dict(tokens=args.tokens, length=args.length)
+
+    def light_options(self, light: OutliersLight, suite: SuiteContext) -> dict:
+        return dict(tokens=suite.windows(light.windows) * suite.context_length, length=suite.context_length)
+
+    def run(self, model, tokenizer, texts, options, output_dir: Path, progress: bool) -> dict:
+        ids = token_stream(tokenizer, texts, options["tokens"])
+        return run_outliers(model, ids, **options, output_dir=output_dir, progress=progress)
+
+    def summarise(self, results: dict) -> dict:
+        return {
+            key: dict(top1=results[key]["top1"], median=results[key]["median"],
+                      ratio=results[key]["top1"] / results[key]["median"])
+            for key in ("attention_logits", "hidden_states")
+        }  # fmt: skip
+
+    def columns(self, summary: dict) -> list[Column]:
+        columns = []
+        for key, name in (("attention_logits", "logits"), ("hidden_states", "hidden states")):
+            stats = summary[key]
+            columns += [
+                Column(f"{name} top-1", stats["top1"], 2),
+                Column(f"{name} median", stats["median"], 3),
+                Column(f"{name} top-1/median", stats["ratio"], 1),
+            ]
+        return columns
+
+    def describe(self, options: dict) -> str:
+        return (
+            "Largest (top-1) and median absolute attention logit (before softmax) and hidden state (every "
+            f"decoder layer's output) over {options['tokens']} held-out tokens in windows of {options['length']}; "
+            "a smaller top-1/median ratio means milder outliers."
+        )
+
+    def chart(self, summary: dict) -> Chart:
+        ratios = [c.header for c in self.columns(summary) if c.header.endswith("top-1/median")]
+        return Chart("bars", "activation outliers", [Panel("top-1 / median of |x|", ratios)], log=True)
+
+    def measures(self, summary: dict) -> list[Measure]:
+        return [
+            Measure("attention-logit top-1/median", lambda s: s["attention_logits"]["ratio"], False, 1),
+            Measure("hidden-state top-1/median", lambda s: s["hidden_states"]["ratio"], False, 1),
+        ]
+
+
+TASK = OutliersTask()

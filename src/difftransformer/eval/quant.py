@@ -11,15 +11,28 @@ causally visible logits enter the absmax, as a kernel that skips masked blocks w
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from difftransformer.eval.common import check_context_length, model_device, pyplot, save_figure, write_json
+from difftransformer.eval.common import (
+    check_context_length,
+    mean_token_nll,
+    parse_list,
+    pyplot,
+    save_figure,
+    token_stream,
+)
 from difftransformer.eval.logits import attention_logits, visible_keys
+from difftransformer.eval.needle import add_needle_arguments, needle_options, run_needle
+from difftransformer.eval.task import UNIT, Chart, Column, LightSettings, Measure, Panel, SuiteContext, Task
+from difftransformer.storage import write_json
 
 GRANULARITIES: tuple[str, ...] = ("tensor", "head", "row")
 
@@ -66,18 +79,6 @@ class QuantizeLogits:
         return absmax_fake_quantize(logits, self.bits, self.granularity, visible)
 
 
-@torch.no_grad()
-def mean_loss(model: nn.Module, sequences: torch.Tensor) -> float:
-    """Mean next-token NLL (nats) over (N, L) sequences."""
-    device = model_device(model)
-    losses = []
-    for row in sequences:
-        ids = row[None].to(device)
-        logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()
-        losses.append(nn.functional.cross_entropy(logits, ids[0, 1:]).item())
-    return float(np.mean(losses))
-
-
 def run_quant(
     model: nn.Module,
     tokenizer,
@@ -99,8 +100,6 @@ def run_quant(
     ``needle_kwargs`` go to :func:`difftransformer.eval.needle.run_needle` (context_lengths,
     needle_configs, depths, samples); every width sees the same needle samples (same seed).
     """
-    from difftransformer.eval.needle import run_needle
-
     for b in bits:
         if b < 2:
             raise ValueError(f"--bits must all be >= 2; got {list(bits)}")
@@ -117,7 +116,7 @@ def run_quant(
     rows = []
     for width in tqdm([None, *bits], desc="quant", unit="width", disable=not progress):
         with attention_logits(model, QuantizeLogits(width, granularity)):
-            row = dict(bits=width, loss=mean_loss(model, sequences))
+            row = dict(bits=width, loss=mean_token_nll(model, sequences, batch_size=1))
             if haystack_texts is not None:
                 needle = run_needle(
                     model, tokenizer, haystack_texts, seed=seed, progress=False, **needle_kwargs
@@ -154,3 +153,102 @@ def plot_quant(rows: list[dict], path) -> None:
         ax.grid(alpha=0.3)
     fig.suptitle("dynamic absmax quantisation of attention logits")
     save_figure(fig, path)
+
+
+def _width(key: str) -> str:
+    return "full" if key == "unquantised" else f"{key}-bit"
+
+
+@dataclass(frozen=True)
+class QuantLight(LightSettings):
+    """quant in a comparison: logit bit widths, held-out windows for the loss, and needle samples per N:R (at
+    depth 0.5) for the accuracy at each width."""
+
+    bits: tuple[int, ...] = (16, 8, 6, 4)
+    sequences: int = 4
+    needle_samples: int = 2
+
+
+class QuantTask(Task):
+    """Attention-logit quantisation: held-out loss and needle accuracy with fake-quantised attention logits."""
+
+    name = "quant"
+    title = "Attention-logit quantisation (quant)"
+    help = "attention-logit quantisation: held-out loss and needle accuracy at fewer bits"
+    light = QuantLight()
+
+    def configure(self, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("quant")
+        group.add_argument("--length", type=int, default=512, help="window length in tokens (default 512)")
+        group.add_argument("--num-sequences", type=int, default=8, help="held-out windows (default 8)")
+        group.add_argument("--bits", default="16,8,6,4", help="logit bit widths (default 16,8,6,4)")
+        group.add_argument("--granularity", default="head", choices=GRANULARITIES, help="one absmax scale per "
+                           "layer tensor, per head (default) or per query row")  # fmt: skip
+        group.add_argument("--no-needle", action="store_true", help="skip the needle accuracy check")
+        add_needle_arguments(parser, pairs="1:1,2:2,4:2,6:2", samples=5, title="quant's needle check")
+
+    def options(self, args: argparse.Namespace, model: nn.Module) -> dict:
+        check_context_length(model, args.length, "--length")
+        return dict(
+            bits=parse_list(args.bits, int, "--bits"), granularity=args.granularity, length=args.length,
+            num_sequences=args.num_sequences, needle_kwargs=None if args.no_needle else needle_options(args),
+            seed=args.seed,
+        )  # fmt: skip
+
+    def light_options(self, light: QuantLight, suite: SuiteContext) -> dict:
+        needle_kwargs = dict(
+            context_lengths=[suite.context_length], needle_configs=[list(c) for c in suite.needles],
+            depths=[0.5], samples=light.needle_samples, number_digits=suite.needle_digits,
+        )  # fmt: skip
+        return dict(
+            bits=list(light.bits), length=suite.context_length, num_sequences=suite.windows(light.sequences),
+            needle_kwargs=needle_kwargs, seed=suite.seed,
+        )  # fmt: skip
+
+    def run(self, model, tokenizer, texts, options, output_dir: Path, progress: bool) -> dict:
+        ids = token_stream(tokenizer, texts, options["length"] * options["num_sequences"])
+        haystacks = None if options.get("needle_kwargs") is None else texts
+        return run_quant(
+            model, tokenizer, ids, haystacks, **options, output_dir=output_dir, progress=progress
+        )
+
+    def summarise(self, results: dict) -> dict:
+        return {
+            "unquantised" if row["bits"] is None else str(row["bits"]): dict(
+                loss=row["loss"], needle_accuracy=row.get("needle_accuracy")
+            )
+            for row in results["rows"]
+        }
+
+    def columns(self, summary: dict) -> list[Column]:
+        return [Column(f"loss {_width(k)}", row["loss"], 3) for k, row in summary.items()] + [
+            Column(f"needle {_width(k)}", row["needle_accuracy"], 2) for k, row in summary.items()
+        ]
+
+    def describe(self, options: dict) -> str:
+        return (
+            f"Held-out loss ({options['num_sequences']} windows of {options['length']} tokens) and needle accuracy "
+            f"(N:R as for needle, answer at depth 0.5, {options['needle_kwargs']['samples']} per N:R) with the "
+            f"attention logits fake-quantised by dynamic absmax per head at {options['bits']} bits; 'full' is the "
+            "unquantised model through the same path. Lower loss and higher accuracy are better."
+        )
+
+    def chart(self, summary: dict) -> Chart:
+        widths = [_width(k) for k in summary]
+        panels = [
+            Panel("held-out loss", [f"loss {w}" for w in widths]),
+            Panel("needle accuracy", [f"needle {w}" for w in widths], UNIT),
+        ]
+        return Chart("lines", "dynamic absmax quantisation of attention logits", panels,
+                     xlabel="attention-logit precision", xticks=widths)  # fmt: skip
+
+    def measures(self, summary: dict) -> list[Measure]:
+        bits = str(min(int(k) for k in summary if k != "unquantised"))
+        return [
+            Measure(f"loss with {bits}-bit attention logits", lambda s: s[bits]["loss"], False, 3),
+            Measure(f"needle accuracy with {bits}-bit attention logits", lambda s: s[bits]["needle_accuracy"],
+                    True, 2),
+        ]  # fmt: skip
+
+
+TASK = QuantTask()

@@ -1,23 +1,25 @@
-"""Training with the transformers Trainer: presets, runs that resume exactly, and the DIFF-vs-baseline comparison."""
+"""Training with the transformers Trainer: every setting declared once (``settings``), presets, runs that resume
+exactly, the data they train on, and their checkpoints."""
 
 from difftransformer.train.checkpoints import checkpoint_problem, last_good_checkpoint
 from difftransformer.train.lock import RunDirectoryLocked, RunLock
-from difftransformer.train.presets import PRESETS, Preset, get_preset
-from difftransformer.train.runner import TrainOptions, TrainResult, train_model
-from difftransformer.train.scaling import PowerLaw, fit_power_law, matching_ratio
+from difftransformer.train.presets import PRESETS, RECIPE, Preset, get_preset
+from difftransformer.train.runner import TrainResult, train_model
+from difftransformer.train.settings import DataOptions, PresetOptions, TrainingSettings, tokens_per_step
 
 __all__ = [
     "PRESETS",
-    "PowerLaw",
+    "RECIPE",
+    "DataOptions",
     "Preset",
+    "PresetOptions",
     "RunDirectoryLocked",
     "RunLock",
-    "TrainOptions",
     "TrainResult",
+    "TrainingSettings",
     "checkpoint_problem",
-    "fit_power_law",
     "get_preset",
     "last_good_checkpoint",
-    "matching_ratio",
+    "tokens_per_step",
     "train_model",
 ]

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import csv
+import io
 import os
 import time
 from pathlib import Path
 
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
+
+from difftransformer.storage import atomic_write
 
 CSV_FIELDS = (
     "step",
@@ -88,12 +91,11 @@ class CsvMetrics(TrainerCallback):
             self._rewrite(kept)
 
     def _rewrite(self, rows: list[dict[str, str]]) -> None:
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with open(tmp, "w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(tmp, self.path)
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write(self.path, text.getvalue())
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs or not any(key in logs for key in CSV_FIELDS[2:]):

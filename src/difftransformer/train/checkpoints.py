@@ -18,6 +18,8 @@ from safetensors import safe_open
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from difftransformer.storage import write_json
+
 COMPLETE_MARKER = "checkpoint_complete.json"
 REQUIRED_FILES = ("model.safetensors", "trainer_state.json", "optimizer.pt", "scheduler.pt")
 _STEP = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
@@ -29,18 +31,8 @@ class CompletionMarker(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
             folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-            write_json_atomic(folder / COMPLETE_MARKER, {"global_step": state.global_step})
+            write_json(folder / COMPLETE_MARKER, {"global_step": state.global_step})
         return control
-
-
-def write_json_atomic(path: Path, payload: dict) -> None:
-    """Write JSON to a temp file beside ``path``, fsync it, and rename it into place."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as handle:
-        json.dump(payload, handle, indent=2)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def checkpoint_problem(folder: Path) -> str | None:

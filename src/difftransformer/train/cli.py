@@ -1,7 +1,10 @@
-"""`difftransformer train`: train one DIFF, DIFF V2 or softmax language model on the built-in corpus or your text.
+"""``difftransformer train``: train one DIFF, DIFF V2 or softmax language model on the built-in corpus or your text.
 
-Under ``torchrun --nproc_per_node=N -m difftransformer train ...`` Trainer/accelerate runs DDP (gloo on CPU,
-NCCL on GPU); the batch flags are per process, as in ``TrainingArguments``.
+Options: ours first (the run, the preset and model, the data), then every transformers ``TrainingArguments``
+option under its own name (``--gradient-checkpointing``, ``--bf16``, ``--optim adafactor``, ``--fsdp ...``, ...).
+A preset's values are the defaults of the options it sets; docs/training.md lists where ours differ from
+transformers'. Under ``torchrun --nproc_per_node=N -m difftransformer train ...`` Trainer/accelerate runs DDP (gloo
+on CPU, NCCL on GPU); the batch flags are per process, as in ``TrainingArguments``.
 """
 
 from __future__ import annotations
@@ -9,132 +12,81 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from pathlib import Path
 
 from difftransformer.models import ATTENTION_KINDS
 from difftransformer.train.pipeline import prepare_data
-from difftransformer.train.presets import PRESETS, Preset, get_preset
-from difftransformer.train.runner import TrainOptions, is_main_process, train_model
-
-# Flags that default to the preset's value: (flag destination, type, help).
-PRESET_FLAGS: tuple[tuple[str, type, str], ...] = (
-    ("max_steps", int, "optimizer steps"),
-    ("per_device_train_batch_size", int, "blocks per process per micro-batch"),
-    ("gradient_accumulation_steps", int, "micro-batches per optimizer step"),
-    ("learning_rate", float, "peak AdamW learning rate"),
-    ("warmup_steps", int, "linear warm-up steps before the decay"),
-    ("weight_decay", float, "AdamW weight decay"),
-    ("adam_beta1", float, "AdamW beta1"),
-    ("adam_beta2", float, "AdamW beta2"),
-    ("max_grad_norm", float, "gradient clipping norm"),
-    ("lr_scheduler_type", str, "learning-rate decay after warm-up (transformers scheduler name)"),
-    ("logging_steps", int, "log the training loss every this many steps"),
-    ("eval_steps", int, "validation loss and perplexity every this many steps"),
-    ("save_steps", int, "checkpoint every this many steps (and at the end)"),
-    ("block_size", int, "tokens per training sequence"),
-    ("vocab_size", int, "vocabulary of the BPE tokenizer trained on the data (ignored with --tokenizer)"),
-    ("eval_blocks", int, "validation blocks used by the periodic evaluation (all of them when unset)"),
-    ("needle_fraction", float, "share of training blocks replaced by multi-needle retrieval examples"),
-    ("needle_digits", int, "digits of the magic numbers in the retrieval examples and their evaluation"),
-)
+from difftransformer.train.presets import PRESETS, RECIPE, Preset, get_preset
+from difftransformer.train.runner import is_main_process, train_model
+from difftransformer.train.settings import DataOptions, PresetOptions, TrainingSettings, add_options, given
 
 
-def add_data_options(parser: argparse.ArgumentParser) -> None:
-    """Options shared by ``train`` and ``compare``."""
-    parser.add_argument(
-        "--preset",
-        default="tiny",
-        choices=sorted(PRESETS),
-        help="model size and training recipe; every flag below that says 'preset' overrides one of its values "
-        "(default: tiny). " + "; ".join(f"{p.name}: {p.description}" for p in PRESETS.values()),
-    )
-    parser.add_argument(
-        "--data",
-        nargs="+",
-        metavar="SOURCE",
-        help="your own text instead of the built-in Shakespeare corpus: .txt/.md/.jsonl/.json files, globs, "
-        "folders, or a datasets name where a hub is reachable",
-    )
-    parser.add_argument(
-        "--tokenizer", metavar="DIR", help="a saved tokenizer folder to use instead of training one"
-    )
-    parser.add_argument(
-        "--cache-dir",
-        type=Path,
-        help="cache for the corpus and packed blocks (default: ~/.cache/difftransformer)",
-    )
-    parser.add_argument(
-        "--seed", type=int, default=0, help="seed of weights, data order and needles (default: 0)"
-    )
-    parser.add_argument(
-        "--per-device-eval-batch-size", type=int, default=16, help="blocks per evaluation batch (default: 16)"
-    )
-    parser.add_argument(
-        "--save-total-limit", type=int, default=3, help="checkpoints kept, at least 2 (default: 3)"
-    )
-    parser.add_argument(
-        "--report-to",
-        default="tensorboard",
-        choices=("tensorboard", "none"),
-        help="where Trainer logs besides metrics.csv (default: tensorboard, under OUTPUT_DIR/runs)",
-    )
-    for name, kind, text in PRESET_FLAGS:
-        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, help=f"{text} (default: the preset's)")
+def preset_help() -> str:
+    """The presets, one line each, for --help."""
+    return "presets: " + "; ".join(f"{p.name}: {p.description}" for p in PRESETS.values())
+
+
+def add_recipe_options(parser: argparse.ArgumentParser, *, exclude: frozenset[str] = frozenset()) -> None:
+    """The options ``train`` and ``compare`` share: preset and model, data, and every ``TrainingArguments`` option
+    (the ones a preset sets default to the preset's value); ``exclude`` names training options a command sets
+    itself."""
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = preset_help()
+    add_options(parser, PresetOptions)
+    add_options(parser, DataOptions)
+    add_options(parser, TrainingSettings, preset_fields=frozenset(RECIPE), exclude=exclude)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--output-dir", required=True, help="run folder: checkpoints, metrics.csv, final model"
-    )
-    parser.add_argument(
+    """``train``'s own options, then the shared ones."""
+    run = parser.add_argument_group("run")
+    run.add_argument(
         "--attention",
         default="diff",
         choices=ATTENTION_KINDS,
         help="diff: DIFF V1 with the preset's h heads; softmax: the matched baseline (2h heads); diff_v2: DIFF V2 "
         "with the baseline's head count (default: diff)",
     )
-    parser.add_argument(
+    run.add_argument(
         "--resume",
         action="store_true",
         help="continue from the last finished checkpoint in --output-dir (unfinished ones are set aside)",
     )
-    add_data_options(parser)
+    add_recipe_options(parser)
 
 
 def resolved_preset(args: argparse.Namespace) -> Preset:
-    """The chosen preset with every flag the user gave applied."""
-    preset = get_preset(args.preset)
-    overrides = {name: getattr(args, name) for name, _, _ in PRESET_FLAGS if getattr(args, name) is not None}
-    return dataclasses.replace(preset, **overrides)
+    """The chosen preset with every preset option the user gave applied (training options included)."""
+    options = PresetOptions(**given(args, PresetOptions))
+    preset = get_preset(options.preset)
+    overrides = {
+        name: value
+        for name, value in dataclasses.asdict(options).items()
+        if name != "preset" and value is not None
+    }
+    training = {name: value for name, value in given(args, TrainingSettings).items() if name in RECIPE}
+    return dataclasses.replace(preset, **overrides).with_training(**training)
 
 
-def options_for(
-    preset: Preset, args: argparse.Namespace, output_dir: str, desc: str = "train"
-) -> TrainOptions:
-    # The preset's recipe fields carry the TrainOptions (TrainingArguments) names: copy every one they share.
-    shared = {f.name for f in dataclasses.fields(TrainOptions)} & {f.name for f in dataclasses.fields(Preset)}
-    return TrainOptions(
-        output_dir=output_dir,
-        per_device_eval_batch_size=args.per_device_eval_batch_size,
-        save_total_limit=args.save_total_limit,
-        seed=args.seed,
-        report_to=args.report_to,
-        progress_desc=desc,
-        **{name: getattr(preset, name) for name in shared},
-    )
+def training_options(args: argparse.Namespace) -> dict:
+    """The ``TrainingArguments`` options of the command line that no preset sets (a preset's are in
+    :func:`resolved_preset`)."""
+    return {name: value for name, value in given(args, TrainingSettings).items() if name not in RECIPE}
 
 
 def run(args: argparse.Namespace) -> int:
+    """Prepare the data, train, print a one-line summary."""
     preset = resolved_preset(args)
+    settings = preset.training_settings(**training_options(args))
+    data_options = DataOptions(**given(args, DataOptions))
     data = prepare_data(
-        data=args.data,
-        tokenizer_path=args.tokenizer,
+        data=data_options.data,
+        tokenizer_path=data_options.tokenizer,
         vocab_size=preset.vocab_size,
         block_size=preset.block_size,
         needle_fraction=preset.needle_fraction,
         needle_digits=preset.needle_digits,
-        seed=args.seed,
-        cache_dir=args.cache_dir,
+        seed=settings.seed,
+        cache_dir=data_options.cache_dir,
     )
     tokenizer = data.tokenizer
     config = preset.model_config(
@@ -150,13 +102,14 @@ def run(args: argparse.Namespace) -> int:
         data.train_blocks,
         validation,
         tokenizer,
-        options_for(preset, args, args.output_dir, desc=args.attention),
+        settings,
         resume=args.resume,
+        progress_desc=args.attention,
     )
     if is_main_process():
         print(
             f"{args.attention}: {result.parameters:,} parameters, {result.global_step} steps, validation loss "
             f"{result.final_eval_loss:.4f}, {result.tokens_per_second:,.0f} tokens/s; model in "
-            f"{os.path.abspath(args.output_dir)}"
+            f"{os.path.abspath(settings.output_dir)}"
         )
     return 0

@@ -1,27 +1,51 @@
 """Named model sizes and training recipes: the CPU demo, a small GPU run, and the paper's configurations.
 
-A preset describes the DIFF V1 model (``h`` differential heads); the matched Transformer is
-``config.matched_baseline()`` (2h heads of the same width d), and DIFF V2 takes the baseline's head count
-(SPEC §2-3). Training fields carry the transformers ``TrainingArguments`` names they are passed as.
+A preset is a model shape (the DIFF V1 model, ``h`` differential heads; the matched Transformer is
+``config.matched_baseline()``, 2h heads of the same width d, and DIFF V2 takes the baseline's head count, as in
+the paper's §2-3), the data recipe (block size, vocabulary, retrieval blocks), and ``training``: overrides of
+:class:`difftransformer.train.settings.TrainingSettings` (``TrainingArguments`` names). Every preset starts from
+:data:`RECIPE`; every option no preset sets keeps transformers' default.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from difftransformer.models import ATTENTION_KINDS, DiffTransformerConfig
+from difftransformer.train.settings import TrainingSettings
+
+# The optimizer and schedule every preset starts from (AdamW, the paper's betas for the small runs, cosine decay).
+RECIPE: Mapping[str, Any] = dict(
+    max_steps=1000,
+    per_device_train_batch_size=8,
+    gradient_accumulation_steps=1,
+    learning_rate=3.2e-4,
+    warmup_steps=100,
+    weight_decay=0.1,
+    adam_beta1=0.9,
+    adam_beta2=0.95,
+    max_grad_norm=1.0,
+    lr_scheduler_type="cosine",
+    logging_steps=10,
+    eval_steps=100,
+    save_steps=500,
+)
 
 
 @dataclass(frozen=True)
 class Preset:
-    """One model size and its training recipe.
+    """One model size and its recipe.
 
     Model: ``hidden_size`` (d_model), ``num_hidden_layers``, ``diff_heads`` (h, so the baseline has 2h heads of
-    width hidden_size / 2h), ``intermediate_size`` (None: 8/3 d_model rounded up to 64), ``block_size``
-    (training sequence length). Training: the ``TrainingArguments`` of the same names; ``needle_fraction`` is the
-    share of training blocks replaced by multi-needle retrieval examples (0 disables them), whose magic numbers
-    have ``needle_digits`` digits (also in the retrieval evaluation).
+    width hidden_size / 2h), ``intermediate_size`` (None: 8/3 d_model rounded up to 64), ``max_position_embeddings``
+    (None: the block size). Data: ``block_size`` (training sequence length), ``vocab_size`` (of the tokenizer
+    trained on the data), ``eval_blocks`` (validation blocks of the periodic evaluation, None: all),
+    ``needle_fraction`` (share of training blocks replaced by multi-needle retrieval examples; 0 disables them)
+    whose magic numbers have ``needle_digits`` digits (also in the retrieval evaluation). ``training``: the
+    :class:`TrainingSettings` fields this preset sets (all of :data:`RECIPE`, some changed).
     """
 
     name: str
@@ -31,23 +55,12 @@ class Preset:
     intermediate_size: int | None
     block_size: int
     vocab_size: int = 4096
-    max_steps: int = 1000
-    per_device_train_batch_size: int = 8
-    gradient_accumulation_steps: int = 1
-    learning_rate: float = 3.2e-4
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.95
-    max_grad_norm: float = 1.0
-    lr_scheduler_type: str = "cosine"
-    logging_steps: int = 10
-    eval_steps: int = 100
-    save_steps: int = 500
     eval_blocks: int | None = None
     needle_fraction: float = 0.0
     needle_digits: int = 6
+    max_position_embeddings: int | None = None
     description: str = ""
+    training: Mapping[str, Any] = field(default_factory=lambda: dict(RECIPE))
 
     def model_config(self, attention: str = "diff", **fields) -> DiffTransformerConfig:
         """The model for ``attention`` ("diff", "softmax" = the matched baseline, "diff_v2"); ``fields`` (e.g.
@@ -61,7 +74,8 @@ class Preset:
             num_hidden_layers=self.num_hidden_layers,
             num_attention_heads=self.diff_heads,
             attention="diff",
-            max_position_embeddings=max(2048, self.block_size),
+            # A saved model admits what it was trained on: a harness then never scores longer windows unasked.
+            max_position_embeddings=self.max_position_embeddings or self.block_size,
         )
         kwargs.update(fields)
         diff = DiffTransformerConfig(**kwargs)
@@ -72,20 +86,30 @@ class Preset:
             return baseline
         return dataclasses.replace(baseline, attention="diff_v2")
 
-    def tokens_per_step(self, world_size: int = 1) -> int:
-        """Tokens in one optimizer step's global batch."""
-        return (
-            self.block_size * self.per_device_train_batch_size * self.gradient_accumulation_steps * world_size
-        )
+    def with_training(self, **overrides: Any) -> Preset:
+        """This preset with ``overrides`` of its training settings."""
+        return dataclasses.replace(self, training={**self.training, **overrides})
+
+    def training_settings(self, **fields: Any) -> TrainingSettings:
+        """The :class:`TrainingSettings` of a run of this preset: its training overrides, then ``fields`` (at
+        least ``output_dir``)."""
+        return TrainingSettings(**{**self.training, **fields})
 
 
-def _paper(name: str, hidden: int, layers: int, heads: int, **fields) -> Preset:
-    """The scaling runs of SPEC §5: length 2048, 0.25M-token batches (128 x 2048), 40K steps, AdamW betas
-    (0.9, 0.98), warmup 375, weight decay 0.05. The learning rate of these runs is not in the SPEC; 3.2e-4 is
-    the 3B recipe's."""
+def _paper(
+    name: str, hidden: int, layers: int, heads: int, training: Mapping[str, Any] = (), **fields
+) -> Preset:
+    """The scaling runs of the paper's §3.2 (appendix hyperparameters): length 2048, 0.25M-token batches
+    (128 x 2048), 40K steps, AdamW betas (0.9, 0.98), warmup 375, weight decay 0.05. The paper gives no learning
+    rate for these runs; 3.2e-4 is its 3B recipe's. ``training`` and ``fields`` override these."""
     recipe = dict(
         intermediate_size=None,
         block_size=2048,
+        eval_blocks=256,
+        description=f"paper {name}: d_model {hidden}, {layers} layers, {heads} DIFF / {2 * heads} Transformer heads",
+    )
+    recipe.update(fields)
+    schedule = dict(
         max_steps=40_000,
         per_device_train_batch_size=8,
         gradient_accumulation_steps=16,
@@ -96,11 +120,12 @@ def _paper(name: str, hidden: int, layers: int, heads: int, **fields) -> Preset:
         logging_steps=50,
         eval_steps=1000,
         save_steps=1000,
-        eval_blocks=256,
-        description=f"paper {name}: d_model {hidden}, {layers} layers, {heads} DIFF / {2 * heads} Transformer heads",
     )
-    recipe.update(fields)
-    return Preset(name=name, hidden_size=hidden, num_hidden_layers=layers, diff_heads=heads, **recipe)
+    schedule.update(training)
+    return Preset(
+        name=name, hidden_size=hidden, num_hidden_layers=layers, diff_heads=heads,
+        training={**RECIPE, **schedule}, **recipe,
+    )  # fmt: skip
 
 
 PRESETS: dict[str, Preset] = {
@@ -114,16 +139,13 @@ PRESETS: dict[str, Preset] = {
             intermediate_size=64,
             block_size=256,
             vocab_size=320,
-            max_steps=6,
-            per_device_train_batch_size=4,
-            learning_rate=3e-3,
-            warmup_steps=2,
-            logging_steps=1,
-            eval_steps=3,
-            save_steps=3,
             eval_blocks=8,
             needle_fraction=0.25,
             description="seconds-long smoke test (used by the tests)",
+            training={**RECIPE, **dict(
+                max_steps=6, per_device_train_batch_size=4, learning_rate=3e-3, warmup_steps=2, logging_steps=1,
+                eval_steps=3, save_steps=3,
+            )},
         ),
         Preset(
             name="tiny",
@@ -133,17 +155,14 @@ PRESETS: dict[str, Preset] = {
             intermediate_size=384,
             block_size=256,
             vocab_size=4096,
-            max_steps=500,
-            per_device_train_batch_size=8,
-            learning_rate=2e-3,
-            warmup_steps=30,
-            logging_steps=10,
-            eval_steps=100,
-            save_steps=250,
             eval_blocks=32,
             needle_fraction=0.5,
             needle_digits=3,
             description="the CPU demo (make demo): minutes on 2 cores, with multi-needle retrieval blocks mixed in",
+            training={**RECIPE, **dict(
+                max_steps=500, per_device_train_batch_size=8, learning_rate=2e-3, warmup_steps=30, logging_steps=10,
+                eval_steps=100, save_steps=250,
+            )},
         ),
         Preset(
             name="small",
@@ -153,16 +172,13 @@ PRESETS: dict[str, Preset] = {
             intermediate_size=None,
             block_size=512,
             vocab_size=8192,
-            max_steps=3000,
-            per_device_train_batch_size=16,
-            learning_rate=1e-3,
-            warmup_steps=200,
-            logging_steps=20,
-            eval_steps=250,
-            save_steps=500,
             eval_blocks=128,
             needle_fraction=0.15,
             description="one GPU for under an hour, or a long CPU run",
+            training={**RECIPE, **dict(
+                max_steps=3000, per_device_train_batch_size=16, learning_rate=1e-3, warmup_steps=200,
+                logging_steps=20, eval_steps=250, save_steps=500,
+            )},
         ),
         _paper("830m", 1536, 24, 8),
         _paper("1.4b", 2048, 24, 8),
@@ -176,16 +192,14 @@ PRESETS: dict[str, Preset] = {
             12,
             intermediate_size=8192,
             block_size=4096,
-            per_device_train_batch_size=4,
-            gradient_accumulation_steps=16,
-            learning_rate=3.2e-4,
-            warmup_steps=1000,
-            weight_decay=0.1,
-            adam_beta2=0.95,
             description="paper 3B: d_model 3072, 28 layers, 12 DIFF / 24 Transformer heads (dim 128), FFN 8192",
+            training=dict(
+                per_device_train_batch_size=4, gradient_accumulation_steps=16, learning_rate=3.2e-4,
+                warmup_steps=1000, weight_decay=0.1, adam_beta2=0.95,
+            ),
         ),
     )
-}
+}  # fmt: skip
 
 
 def get_preset(name: str) -> Preset:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from difftransformer.eval.needle import CITIES, NEEDLE_TEMPLATE, QUESTION_TEMPLATE, make_needle_sample
+from difftransformer.data.needles import CITIES, NEEDLE_TEMPLATE, QUESTION_TEMPLATE, make_needle_sample
 
 # The question's last line: the answer prefix repeated for each further needle.
 FOLLOW_UP_TEMPLATE = QUESTION_TEMPLATE[QUESTION_TEMPLATE.rindex("\n") :]

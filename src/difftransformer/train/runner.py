@@ -1,8 +1,9 @@
 """One training run with the transformers ``Trainer``: locking, resuming, metrics, checkpoints, final save.
 
 Trainer (with accelerate underneath) handles devices, DDP under ``torchrun``, mixed precision, the optimizer and
-schedule, checkpoint contents and exact resumption (RNG states, data-order skipping). This module chooses its
-arguments, adds perplexity, the progress bar and the CSV log, and guards the output directory.
+schedule, checkpoint contents and exact resumption (RNG states, data-order skipping), all under the run's
+:class:`difftransformer.train.settings.TrainingSettings`. This module adds perplexity, the progress bar and the CSV
+log, saves configs fit for inference, and guards the output directory.
 """
 
 from __future__ import annotations
@@ -15,112 +16,44 @@ from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
-from transformers import (
-    PreTrainedTokenizerBase,
-    Trainer,
-    TrainerCallback,
-    TrainingArguments,
-    default_data_collator,
-    set_seed,
-)
+from transformers import PreTrainedTokenizerBase, Trainer, TrainerCallback, default_data_collator, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from difftransformer.models import DiffTransformerConfig, DiffTransformerForCausalLM
 from difftransformer.ops import fused_cpu_available
+from difftransformer.storage import write_json
 from difftransformer.train.callbacks import CsvMetrics, ProgressBar
-from difftransformer.train.checkpoints import (
-    CompletionMarker,
-    checkpoints,
-    last_good_checkpoint,
-    write_json_atomic,
-)
+from difftransformer.train.checkpoints import CompletionMarker, checkpoints, last_good_checkpoint
 from difftransformer.train.lock import RunLock
+from difftransformer.train.settings import TrainingSettings, tokens_per_step
 
 METRICS_CSV = "metrics.csv"
 SUMMARY_JSON = "train_summary.json"
 
 
-@dataclass
-class TrainOptions:
-    """Trainer settings, named as in ``TrainingArguments``; ``save_total_limit`` must keep at least 2 so a kill
-    during a save always leaves a finished checkpoint behind."""
-
-    output_dir: str
-    max_steps: int
-    per_device_train_batch_size: int = 8
-    per_device_eval_batch_size: int = 16
-    gradient_accumulation_steps: int = 1
-    learning_rate: float = 3.2e-4
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.95
-    max_grad_norm: float = 1.0
-    lr_scheduler_type: str = "cosine"
-    logging_steps: int = 10
-    eval_steps: int = 100
-    save_steps: int = 500
-    save_total_limit: int = 3
-    seed: int = 0
-    report_to: str = "tensorboard"
-    progress_desc: str = "train"
-
-    def check(self) -> None:
-        for name in (
-            "max_steps",
-            "per_device_train_batch_size",
-            "gradient_accumulation_steps",
-            "logging_steps",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
-        for name in ("eval_steps", "save_steps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
-        if self.save_total_limit < 2:
-            raise ValueError(
-                f"save_total_limit must be >= 2 (one finished checkpoint survives a kill); got {self.save_total_limit}"
-            )
-        if self.learning_rate <= 0:
-            raise ValueError(f"learning_rate must be > 0; got {self.learning_rate}")
-
-
-def training_arguments(options: TrainOptions) -> TrainingArguments:
-    """``TrainingArguments`` for ``options``: float32 on CPU, bf16 on a GPU that has it, safetensors checkpoints,
-    validation every ``eval_steps``, TensorBoard logs under ``output_dir/runs/<date_host>``."""
-    options.check()
-    on_gpu = torch.cuda.is_available()
-    return TrainingArguments(
-        output_dir=options.output_dir,
-        max_steps=options.max_steps,
-        per_device_train_batch_size=options.per_device_train_batch_size,
-        per_device_eval_batch_size=options.per_device_eval_batch_size,
-        gradient_accumulation_steps=options.gradient_accumulation_steps,
-        learning_rate=options.learning_rate,
-        warmup_steps=options.warmup_steps,
-        weight_decay=options.weight_decay,
-        adam_beta1=options.adam_beta1,
-        adam_beta2=options.adam_beta2,
-        max_grad_norm=options.max_grad_norm,
-        lr_scheduler_type=options.lr_scheduler_type,
-        logging_steps=options.logging_steps,
-        eval_strategy="steps",
-        eval_steps=options.eval_steps,
-        save_strategy="steps",
-        save_steps=options.save_steps,
-        save_total_limit=options.save_total_limit,
-        seed=options.seed,
-        data_seed=options.seed,
-        bf16=on_gpu and torch.cuda.is_bf16_supported(),
-        use_cpu=not on_gpu,
-        report_to=[] if options.report_to == "none" else [options.report_to],
-        disable_tqdm=True,  # our ProgressBar replaces Trainer's
-        ddp_find_unused_parameters=False,
-    )
-
-
 class LanguageModelTrainer(Trainer):
-    """Trainer that logs validation perplexity beside validation loss."""
+    """Trainer that logs validation perplexity beside validation loss, and saves configs fit for inference.
+
+    Trainer sets ``config.use_cache`` to ``TrainingArguments.use_cache`` (False: no KV cache while training); every
+    checkpoint and the final model are saved with the model's own value instead, so that generation from a saved
+    folder uses the cache.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        model = kwargs.get("model", args[0] if args else None)
+        self._inference_use_cache = model.config.use_cache
+        super().__init__(*args, **kwargs)
+
+    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        config = self.model.config
+        training_use_cache, config.use_cache = config.use_cache, self._inference_use_cache
+        try:
+            super()._save(output_dir, state_dict)
+        finally:
+            config.use_cache = training_use_cache
+
+    def create_accelerator_and_postprocess(self) -> None:
+        super().create_accelerator_and_postprocess()
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "eval_loss" in logs:
@@ -130,6 +63,10 @@ class LanguageModelTrainer(Trainer):
 
 @dataclass
 class TrainResult:
+    """What a finished run reports (and writes to train_summary.json): its folder, parameter count, training wall
+    time and throughput of this call (a resumed run counts only its own steps), last validation loss, and the
+    global step reached."""
+
     output_dir: Path
     parameters: int
     train_seconds: float
@@ -139,7 +76,7 @@ class TrainResult:
 
 
 class Blocks(Dataset):
-    """(n, T) token ids as causal-LM examples; labels are the inputs (the model shifts them)."""
+    """Packed (n, T) token ids as causal-LM examples; labels are the inputs (the model shifts them)."""
 
     def __init__(self, blocks: torch.Tensor) -> None:
         self.blocks = blocks
@@ -173,6 +110,7 @@ def _check_blocks(
 
 
 def is_main_process() -> bool:
+    """True in the process that writes files (rank 0, or the only one)."""
     return int(os.environ.get("RANK", "0")) == 0
 
 
@@ -181,33 +119,30 @@ def train_model(
     train_blocks: torch.Tensor,
     eval_blocks: torch.Tensor,
     tokenizer: PreTrainedTokenizerBase,
-    options: TrainOptions,
+    args: TrainingSettings,
     *,
     resume: bool = False,
     callbacks: list[TrainerCallback] = (),
+    progress_desc: str = "train",
 ) -> TrainResult:
     """Train a fresh ``DiffTransformerForCausalLM(config)`` (or continue the last finished checkpoint when
-    ``resume``), save the final model and tokenizer into ``options.output_dir``, and return a summary.
+    ``resume``) with Trainer under ``args``, save the final model and tokenizer into ``args.output_dir``, and
+    return a summary.
 
     ``train_blocks`` (n_train, T) and ``eval_blocks`` (n_eval, T) are int64 token ids, every block a full
-    training sequence; ``callbacks`` are added to Trainer's.
+    training sequence; ``callbacks`` are added to Trainer's; ``progress_desc`` labels the progress bar.
     """
-    output_dir = Path(options.output_dir)
+    output_dir = Path(args.output_dir)
     lock = RunLock(output_dir) if is_main_process() else None
     if lock is not None:
         lock.acquire()
     try:
         checkpoint = _checkpoint_to_resume(output_dir, resume)
-        args = training_arguments(options)
-        set_seed(options.seed)  # the same initial weights for the same seed and config
+        set_seed(args.seed)  # the same initial weights for the same seed and config
         model = DiffTransformerForCausalLM(config)
-        world = args.world_size
         if config.attention == "diff" and args.device.type == "cpu":
             fused_cpu_available()  # compile the CPU kernel now (first use only), not inside the timed steps
-        block_size = _check_blocks(train_blocks, eval_blocks, config)
-        tokens_per_step = (
-            block_size * options.per_device_train_batch_size * options.gradient_accumulation_steps * world
-        )
+        step_tokens = tokens_per_step(_check_blocks(train_blocks, eval_blocks, config), args)
         trainer = LanguageModelTrainer(
             model=model,
             args=args,
@@ -217,8 +152,8 @@ def train_model(
             processing_class=tokenizer,
             callbacks=[
                 CompletionMarker(),
-                CsvMetrics(output_dir / METRICS_CSV, tokens_per_step),
-                ProgressBar(tokens_per_step, desc=options.progress_desc),
+                CsvMetrics(output_dir / METRICS_CSV, step_tokens),
+                ProgressBar(step_tokens, desc=progress_desc),
                 *callbacks,
             ],
         )
@@ -236,14 +171,14 @@ def train_model(
             output_dir=output_dir,
             parameters=sum(p.numel() for p in model.parameters()),
             train_seconds=seconds,
-            tokens_per_second=(trainer.state.global_step - first_step) * tokens_per_step / max(seconds, 1e-9),
+            tokens_per_second=(trainer.state.global_step - first_step) * step_tokens / max(seconds, 1e-9),
             final_eval_loss=float(final_eval),
             global_step=trainer.state.global_step,
         )
+        # Every process: under FSDP saving gathers the shards; only the main process writes.
+        trainer.save_model(str(output_dir))  # final weights (safetensors), config and tokenizer
         if trainer.is_world_process_zero():
-            trainer.save_model(str(output_dir))  # final weights (safetensors), config and tokenizer
-            summary = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(result).items()}
-            write_json_atomic(output_dir / SUMMARY_JSON, summary)
+            write_json(output_dir / SUMMARY_JSON, asdict(result))
         return result
     finally:
         if lock is not None:

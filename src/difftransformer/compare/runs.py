@@ -1,6 +1,4 @@
-"""`difftransformer compare`: train DIFF and its matched Transformer (and DIFF V2) alike, evaluate them on the same
-held-out data with the whole evaluation suite (light settings scaled to the preset), and write report.md /
-report.html with PNG plots.
+"""The runs of a comparison and its report: every (scale, variant, seed) trained alike and evaluated with the suite.
 
 Every variant of a seed gets the same blocks in the same order (one tokenizer, one packed and needle-mixed
 training set, Trainer's sampler seeded with the run seed) and the same optimizer recipe: only the attention
@@ -12,119 +10,32 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import torch
 from tqdm.auto import tqdm
 
-from difftransformer.eval.cli import TASKS
-from difftransformer.eval.common import pyplot, read_json, save_figure, write_json
-from difftransformer.eval.needle import parse_needle_configs
-from difftransformer.models import ATTENTION_KINDS, DiffTransformerForCausalLM
+from difftransformer.compare.document import Report, mean_spread
+from difftransformer.compare.scaling import fit_power_law, matching_ratio
+from difftransformer.compare.suite_report import ahead, suite_sections, suite_verdict
+from difftransformer.eval.common import mean, mean_token_nll, pyplot, save_figure
+from difftransformer.eval.suite import SuiteSettings, run_suite, suite_options
+from difftransformer.models import DiffTransformerForCausalLM
+from difftransformer.storage import read_json, write_json
 from difftransformer.train.callbacks import column, read_metrics
-from difftransformer.train.cli import add_data_options, options_for, resolved_preset
-from difftransformer.train.pipeline import PreparedData, prepare_data
+from difftransformer.train.pipeline import PreparedData
 from difftransformer.train.presets import Preset
-from difftransformer.train.report import Report, mean_spread
 from difftransformer.train.runner import METRICS_CSV, SUMMARY_JSON, train_model
-from difftransformer.train.scaling import fit_power_law, matching_ratio
-from difftransformer.train.suite import SuiteSettings, parse_tasks, run_suite, suite_options
-from difftransformer.train.suite_report import ahead, suite_sections, suite_verdict
+from difftransformer.train.settings import tokens_per_step
 
 LABELS = {"diff": "DIFF", "softmax": "Transformer", "diff_v2": "DIFF V2"}
-
-
-def _int_list(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(item) for item in text.split(",") if item.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{flag} must be comma-separated integers; got {text!r}") from None
-    if not values or any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"{flag} must list non-negative integers; got {text!r}")
-    return values
-
-
-def _variants(text: str) -> list[str]:
-    variants = [item.strip() for item in text.split(",") if item.strip()]
-    bad = [v for v in variants if v not in ATTENTION_KINDS]
-    if bad or not variants or len(set(variants)) != len(variants):
-        raise argparse.ArgumentTypeError(
-            f"--variants must be distinct names from {ATTENTION_KINDS}; got {text!r}"
-        )
-    return variants
-
-
-def _tasks(text: str) -> tuple[str, ...]:
-    try:
-        return parse_tasks(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output-dir", default="runs/compare", help="report folder (default: runs/compare)")
-    parser.add_argument(
-        "--variants",
-        type=_variants,
-        default=["diff", "softmax"],
-        help="attention kinds to train, comma-separated: diff, softmax (the matched baseline), diff_v2 "
-        "(default: diff,softmax)",
-    )
-    parser.add_argument(
-        "--seeds",
-        type=lambda t: _int_list(t, "--seeds"),
-        default=None,
-        help="train every variant once per seed and report mean ± spread, e.g. 0,1,2 (default: --seed)",
-    )
-    parser.add_argument(
-        "--sizes",
-        type=lambda t: _int_list(t, "--sizes"),
-        help="model widths (hidden_size) to train every variant at, with the preset's depth and head width and "
-        "the same tokens each; fits loss against parameters and says how many parameters DIFF needs to match "
-        "the baseline",
-    )
-    parser.add_argument(
-        "--token-budgets",
-        type=lambda t: _int_list(t, "--token-budgets"),
-        help="training tokens (rounded to whole steps) to train every variant for at the preset's size; fits "
-        "loss against tokens",
-    )
-    parser.add_argument(
-        "--tasks",
-        type=_tasks,
-        default=TASKS,
-        help="evaluation tasks to run on every trained model with light settings, comma-separated: "
-        f"{', '.join(TASKS)} (default: all)",
-    )
-    parser.add_argument(
-        "--needles",
-        type=parse_needle_configs,
-        default=[(1, 1), (2, 2), (4, 2)],
-        help="multi-needle retrieval configurations N:R (N needles, R queried), comma-separated, for the needle "
-        "task and quant's needle check (default: 1:1,2:2,4:2)",
-    )
-    parser.add_argument(
-        "--needle-samples",
-        type=int,
-        default=SuiteSettings.needle_samples,
-        help="multi-needle retrieval samples per (needles, depth) cell, context = block size "
-        f"(default: {SuiteSettings.needle_samples})",
-    )
-    parser.add_argument(
-        "--test-blocks",
-        type=int,
-        default=256,
-        help="held-out test blocks for loss and perplexity (default: 256)",
-    )
-    add_data_options(parser)
 
 
 @dataclass
 class RunRecord:
     """One trained model: which variant, seed and scale, where it lives, and what it scored (``suite``: what
-    :func:`difftransformer.train.suite.run_suite` returned)."""
+    :func:`difftransformer.eval.suite.run_suite` returned)."""
 
     variant: str
     seed: int
@@ -139,20 +50,8 @@ class RunRecord:
     suite: dict
 
     def to_json(self) -> dict:
+        """The record as JSON types (the folder as a string)."""
         return {**dataclasses.asdict(self), "folder": str(self.folder)}
-
-
-@torch.no_grad()
-def mean_loss(model: DiffTransformerForCausalLM, blocks: torch.Tensor, batch_size: int = 16) -> float:
-    """Token-averaged next-token loss over ``blocks`` (n, T)."""
-    model.eval()
-    total, count = 0.0, 0
-    for start in range(0, blocks.shape[0], batch_size):
-        batch = blocks[start : start + batch_size]
-        loss = model(batch, labels=batch).loss.item()
-        tokens = batch.shape[0] * (batch.shape[1] - 1)
-        total, count = total + loss * tokens, count + tokens
-    return total / count
 
 
 def train_and_evaluate(
@@ -164,11 +63,14 @@ def train_and_evaluate(
     folder: Path,
     settings: SuiteSettings,
     args: argparse.Namespace,
+    training: dict[str, Any],
 ) -> RunRecord:
     """Train one model (resuming a killed run, reusing a finished one) and evaluate it on the test split: test loss
     and the evaluation suite, whose files go to FOLDER/eval/TASK/ (a task already run on this model with the same
-    settings is reused from evaluation.json)."""
+    settings is reused from evaluation.json). ``training``: the command line's training options beyond the
+    preset's (its seed replaced by ``seed``)."""
     tokenizer = data.tokenizer
+    run_settings = preset.training_settings(**{**training, "output_dir": str(folder), "seed": seed})
     if not (folder / SUMMARY_JSON).is_file():
         config = preset.model_config(
             variant,
@@ -177,20 +79,20 @@ def train_and_evaluate(
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
         )
-        run_args = argparse.Namespace(**{**vars(args), "seed": seed})
         train_model(
             config,
             data.train_blocks,
             data.validation_blocks[: preset.eval_blocks],
             tokenizer,
-            options_for(preset, run_args, str(folder), desc=f"{LABELS[variant]} {scale} seed {seed}"),
+            run_settings,
             resume=True,
+            progress_desc=f"{LABELS[variant]} {scale} seed {seed}",
         )
     summary = read_json(folder / SUMMARY_JSON)
     model = DiffTransformerForCausalLM.from_pretrained(folder).eval()
     trained = dict(
         parameters=summary["parameters"],
-        tokens=summary["global_step"] * preset.tokens_per_step(),
+        tokens=summary["global_step"] * tokens_per_step(preset.block_size, run_settings),
         tokens_per_second=summary["tokens_per_second"],
         train_seconds=summary["train_seconds"],
         validation_loss=summary["final_eval_loss"],
@@ -201,7 +103,9 @@ def train_and_evaluate(
         # Only an evaluation of this very training run (same summary) may be reused.
         if all(earlier.get(key) == value for key, value in trained.items()):
             previous = earlier.get("suite")
-    test_loss = mean_loss(model, data.test_blocks[: args.test_blocks], args.per_device_eval_batch_size)
+    test_loss = mean_token_nll(
+        model, data.test_blocks[: args.test_blocks], run_settings.per_device_eval_batch_size
+    )
     suite = run_suite(model, tokenizer, data.test_texts, settings, folder / "eval", previous=previous)
     tqdm.write(
         f"{LABELS[variant]} {scale} seed {seed} evaluated in seconds: "
@@ -214,8 +118,11 @@ def train_and_evaluate(
     return record
 
 
-def scaled_presets(preset: Preset, args: argparse.Namespace) -> list[tuple[str, Preset]]:
-    """(label, preset) for every scale to train: the preset itself, each --sizes width, or each --token-budgets."""
+def scaled_presets(
+    preset: Preset, args: argparse.Namespace, training: dict[str, Any]
+) -> list[tuple[str, Preset]]:
+    """(label, preset) for every scale to train: the preset itself, each --sizes width, or each --token-budgets
+    (``training``: the command line's other training options, which set the tokens per step with the preset's)."""
     if args.sizes and args.token_budgets:
         raise ValueError("give --sizes or --token-budgets, not both")
     if args.sizes:
@@ -239,13 +146,15 @@ def scaled_presets(preset: Preset, args: argparse.Namespace) -> list[tuple[str, 
             )
         return scales
     if args.token_budgets:
+        settings = preset.training_settings(**{**training, "output_dir": args.output_dir})
+        step_tokens = tokens_per_step(preset.block_size, settings)
         scales = []
         for tokens in args.token_budgets:
-            steps = max(1, round(tokens / preset.tokens_per_step()))
-            scaled = dataclasses.replace(
-                preset, max_steps=steps, warmup_steps=min(preset.warmup_steps, max(1, steps // 10))
+            steps = max(1, round(tokens / step_tokens))
+            warmup = min(preset.training["warmup_steps"], max(1, steps // 10))
+            scales.append(
+                (f"t{steps * step_tokens}", preset.with_training(max_steps=steps, warmup_steps=warmup))
             )
-            scales.append((f"t{steps * preset.tokens_per_step()}", scaled))
         return scales
     return [(preset.name, preset)]
 
@@ -288,15 +197,17 @@ def plot_scaling(points: dict[str, list[tuple[float, float]]], xlabel: str, path
 
 def build_report(
     records: list[RunRecord], variants: list[str], data: PreparedData, preset: Preset, args, out: Path
-):
+) -> Report:
+    """The whole report: setup, results table and verdict, loss curves, the suite's sections, scaling fits."""
+    recipe = preset.training
     report = Report(f"DIFF vs Transformer: preset {preset.name}")
     report.paragraph(
         f"Corpus: {data.corpus_name}; {data.train_blocks.shape[0]} training blocks of {preset.block_size} tokens, "
         f"{data.needle_blocks} of them multi-needle retrieval examples; tokenizer vocabulary {len(data.tokenizer)}. "
         f"Every variant saw the same blocks in the same order, with the same seeds and optimizer recipe "
-        f"(AdamW betas ({preset.adam_beta1}, {preset.adam_beta2}), weight decay {preset.weight_decay}, lr "
-        f"{preset.learning_rate}, {preset.warmup_steps} warm-up steps then {preset.lr_scheduler_type}, clip "
-        f"{preset.max_grad_norm}). Seeds: {sorted({r.seed for r in records})}."
+        f"(AdamW betas ({recipe['adam_beta1']}, {recipe['adam_beta2']}), weight decay {recipe['weight_decay']}, lr "
+        f"{recipe['learning_rate']}, {recipe['warmup_steps']} warm-up steps then {recipe['lr_scheduler_type']}, "
+        f"clip {recipe['max_grad_norm']}). Seeds: {sorted({r.seed for r in records})}."
     )
     report.heading("Results")
     scales = list(dict.fromkeys(r.scale for r in records))
@@ -351,7 +262,7 @@ def verdict(records: list[RunRecord], variants: list[str]) -> str:
     """One sentence per measure (test loss, then every suite measure) saying which variant came out ahead,
     whichever it is; each variant's value is the mean over its runs."""
     by_variant = {LABELS[v]: [r for r in records if r.variant == v] for v in variants}
-    loss = {label: sum(r.test_loss for r in runs) / len(runs) for label, runs in by_variant.items()}
+    loss = {label: mean([r.test_loss for r in runs]) for label, runs in by_variant.items()}
     suites = {label: [r.suite for r in runs] for label, runs in by_variant.items()}
     return " ".join([ahead("test loss", loss, False, 3), *suite_verdict(suites)])
 
@@ -359,6 +270,7 @@ def verdict(records: list[RunRecord], variants: list[str]) -> str:
 def scaling_section(
     report: Report, records: list[RunRecord], variants: list[str], out: Path, by: str
 ) -> None:
+    """Power-law fits of test loss against parameters or tokens, their plot, and how much DIFF needs to match."""
     points = {
         v: [
             (float(r.parameters if by == "parameters" else r.tokens), r.test_loss)
@@ -384,17 +296,23 @@ def scaling_section(
     report.image(name, f"test loss against {by}, log-log, with power-law fits")
 
 
-def run_comparison(data: PreparedData, preset: Preset, args: argparse.Namespace) -> Path:
+def run_comparison(
+    data: PreparedData, preset: Preset, args: argparse.Namespace, training: dict[str, Any]
+) -> Path:
     """Train and evaluate every (scale, variant, seed), write the report into ``args.output_dir``; returns the
-    path of report.md."""
+    path of report.md. ``training``: the command line's training options beyond the preset's."""
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     data.tokenizer.save_pretrained(str(out / "tokenizer"))
-    seeds = args.seeds if args.seeds is not None else [args.seed]
+    seeds = args.seeds if args.seeds is not None else [training["seed"]]
     scales = []
-    for scale, scaled in scaled_presets(preset, args):
-        settings = SuiteSettings.for_preset(
-            scaled, tasks=args.tasks, needles=tuple(args.needles), needle_samples=args.needle_samples
+    for scale, scaled in scaled_presets(preset, args, training):
+        settings = SuiteSettings(
+            tasks=args.tasks,
+            context_length=scaled.block_size,
+            needle_digits=scaled.needle_digits,
+            needles=tuple(tuple(pair) for pair in args.needles),
+            light={"needle": {"samples": args.needle_samples}},
         )
         # Refuse settings the held-out text or the tokenizer cannot serve before anything is trained.
         suite_options(settings, data.tokenizer, data.test_texts)
@@ -403,29 +321,9 @@ def run_comparison(data: PreparedData, preset: Preset, args: argparse.Namespace)
     records = []
     for scale, scaled, settings, variant, seed in tqdm(plan, desc="compare", unit="run"):
         folder = out / "runs" / f"{scale}-{variant}-seed{seed}"
-        records.append(train_and_evaluate(data, scaled, variant, seed, scale, folder, settings, args))
+        records.append(
+            train_and_evaluate(data, scaled, variant, seed, scale, folder, settings, args, training)
+        )
     write_json(out / "results.json", {"runs": [r.to_json() for r in records]})
     markdown, _ = build_report(records, args.variants, data, preset, args, out).write(out)
     return markdown
-
-
-def run(args: argparse.Namespace) -> int:
-    preset = resolved_preset(args)
-    if args.needle_samples < 1:
-        raise ValueError(
-            f"--needle-samples must be >= 1 (leave needle out of --tasks to skip it); got {args.needle_samples}"
-        )
-    data = prepare_data(
-        data=args.data,
-        tokenizer_path=args.tokenizer,
-        vocab_size=preset.vocab_size,
-        block_size=preset.block_size,
-        needle_fraction=preset.needle_fraction,
-        needle_digits=preset.needle_digits,
-        seed=0,
-        cache_dir=args.cache_dir,
-    )
-    markdown = run_comparison(data, preset, args)
-    print(f"report: {os.path.abspath(markdown)}")
-    print(f"        {os.path.abspath(markdown.with_suffix('.html'))}")
-    return 0

@@ -1,31 +1,44 @@
-"""A report as a list of blocks (headings, paragraphs, tables, images), rendered to Markdown and to HTML."""
+"""A report as a list of blocks (headings, paragraphs, tables, images), rendered to Markdown and to HTML, and the
+table cell for values across seeds."""
 
 from __future__ import annotations
 
 import html
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from difftransformer.eval.common import mean, spread
+from difftransformer.storage import atomic_write
 
 
 @dataclass
 class Report:
+    """A titled document built block by block (:meth:`heading`, :meth:`paragraph`, :meth:`table`, :meth:`image`)
+    and written as report.md and report.html (:meth:`write`); images are files beside it, named relatively."""
+
     title: str
     blocks: list[tuple[str, object]] = field(default_factory=list)
 
     def heading(self, text: str) -> None:
+        """A section heading."""
         self.blocks.append(("heading", text))
 
     def paragraph(self, text: str) -> None:
+        """A paragraph of plain text."""
         self.blocks.append(("paragraph", text))
 
     def table(self, header: list[str], rows: list[list[str]]) -> None:
+        """A table of text cells under ``header``."""
         self.blocks.append(("table", (header, rows)))
 
     def image(self, filename: str, caption: str) -> None:
+        """An image file (relative to the report's folder) with its caption."""
         self.blocks.append(("image", (filename, caption)))
 
     def markdown(self) -> str:
+        """The report as Markdown."""
         lines = [f"# {self.title}", ""]
         for kind, value in self.blocks:
             if kind == "heading":
@@ -44,6 +57,7 @@ class Report:
         return "\n".join(lines)
 
     def html(self) -> str:
+        """The report as one self-contained HTML page (images linked)."""
         body = [f"<h1>{html.escape(self.title)}</h1>"]
         for kind, value in self.blocks:
             if kind == "heading":
@@ -75,22 +89,15 @@ class Report:
     def write(self, folder: str | os.PathLike) -> tuple[Path, Path]:
         """Write report.md and report.html into ``folder`` atomically; returns their paths."""
         folder = Path(folder)
-        paths = []
-        for name, text in (("report.md", self.markdown()), ("report.html", self.html())):
-            path = folder / name
-            tmp = folder / f".{name}.tmp"
-            tmp.write_text(text)
-            os.replace(tmp, path)
-            paths.append(path)
-        return paths[0], paths[1]
+        return atomic_write(folder / "report.md", self.markdown()), atomic_write(
+            folder / "report.html", self.html()
+        )
 
 
-def mean_spread(values: list[float], digits: int = 3) -> str:
-    """'m' for one value, 'm ± s' (sample standard deviation) for several."""
+def mean_spread(values: Sequence[float], digits: int = 3) -> str:
+    """'m' for one value, 'm ± s' (sample standard deviation) for several, '-' for none."""
     if not values:
         return "-"
-    mean = sum(values) / len(values)
     if len(values) == 1:
-        return f"{mean:.{digits}f}"
-    spread = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
-    return f"{mean:.{digits}f} ± {spread:.{digits}f}"
+        return f"{mean(values):.{digits}f}"
+    return f"{mean(values):.{digits}f} ± {spread(values):.{digits}f}"

@@ -1,0 +1,17 @@
+"""DIFF against its matched Transformer: train every variant alike, run the evaluation suite on each, write a report
+with tables, plots and a verdict, and fit scaling laws. The only package that uses both ``train`` and ``eval``;
+``difftransformer compare`` (``cli``) drives it."""
+
+from difftransformer.compare.document import Report, mean_spread
+from difftransformer.compare.runs import RunRecord, run_comparison
+from difftransformer.compare.scaling import PowerLaw, fit_power_law, matching_ratio
+
+__all__ = [
+    "PowerLaw",
+    "Report",
+    "RunRecord",
+    "fit_power_law",
+    "matching_ratio",
+    "mean_spread",
+    "run_comparison",
+]

@@ -1,0 +1,136 @@
+"""``difftransformer compare``: train DIFF and its matched Transformer (and DIFF V2) alike, evaluate them on the same
+held-out data with the whole evaluation suite (light settings scaled to the preset), and write report.md /
+report.html with PNG plots.
+
+Options: the comparison's own first, then the preset and data options and every transformers ``TrainingArguments``
+option, as for ``train`` (each run's Trainer folder is OUTPUT_DIR/runs/RUN).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from difftransformer.compare.runs import run_comparison
+from difftransformer.eval.needle import parse_needle_configs
+from difftransformer.eval.registry import TASKS, get_task, parse_tasks
+from difftransformer.models import ATTENTION_KINDS
+from difftransformer.train.cli import add_recipe_options, resolved_preset, training_options
+from difftransformer.train.pipeline import prepare_data
+from difftransformer.train.settings import DataOptions, given
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{flag} must be comma-separated integers; got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{flag} must list non-negative integers; got {text!r}")
+    return values
+
+
+def _variants(text: str) -> list[str]:
+    variants = [item.strip() for item in text.split(",") if item.strip()]
+    bad = [v for v in variants if v not in ATTENTION_KINDS]
+    if bad or not variants or len(set(variants)) != len(variants):
+        raise argparse.ArgumentTypeError(
+            f"--variants must be distinct names from {ATTENTION_KINDS}; got {text!r}"
+        )
+    return variants
+
+
+def _tasks(text: str) -> tuple[str, ...]:
+    try:
+        return parse_tasks(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """The comparison's options, then the preset, data and training options shared with ``train``."""
+    needle_samples = get_task("needle").light.samples
+    own = parser.add_argument_group("comparison")
+    own.add_argument("--output-dir", default="runs/compare", help="report folder (default: runs/compare)")
+    own.add_argument(
+        "--variants",
+        type=_variants,
+        default=["diff", "softmax"],
+        help="attention kinds to train, comma-separated: diff, softmax (the matched baseline), diff_v2 "
+        "(default: diff,softmax)",
+    )
+    own.add_argument(
+        "--seeds",
+        type=lambda t: _int_list(t, "--seeds"),
+        default=None,
+        help="train every variant once per seed and report mean ± spread, e.g. 0,1,2 (default: --seed)",
+    )
+    own.add_argument(
+        "--sizes",
+        type=lambda t: _int_list(t, "--sizes"),
+        help="model widths (hidden_size) to train every variant at, with the preset's depth and head width and "
+        "the same tokens each; fits loss against parameters and says how many parameters DIFF needs to match "
+        "the baseline",
+    )
+    own.add_argument(
+        "--token-budgets",
+        type=lambda t: _int_list(t, "--token-budgets"),
+        help="training tokens (rounded to whole steps) to train every variant for at the preset's size; fits "
+        "loss against tokens",
+    )
+    own.add_argument(
+        "--tasks",
+        type=_tasks,
+        default=TASKS,
+        help="evaluation tasks to run on every trained model with light settings, comma-separated: "
+        f"{', '.join(TASKS)} (default: all)",
+    )
+    own.add_argument(
+        "--needles",
+        type=parse_needle_configs,
+        default=[(1, 1), (2, 2), (4, 2)],
+        help="multi-needle retrieval configurations N:R (N needles, R queried), comma-separated, for the needle "
+        "task and quant's needle check (default: 1:1,2:2,4:2)",
+    )
+    own.add_argument(
+        "--needle-samples",
+        type=int,
+        default=needle_samples,
+        help=f"multi-needle retrieval samples per (needles, depth) cell, context = block size (default: "
+        f"{needle_samples})",
+    )
+    own.add_argument(
+        "--test-blocks",
+        type=int,
+        default=256,
+        help="held-out test blocks for loss and perplexity (default: 256)",
+    )
+    add_recipe_options(parser, exclude=frozenset({"output_dir"}))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the flags, prepare the data (with --seed, as ``train`` does), run the comparison, print where the
+    report is."""
+    preset = resolved_preset(args)
+    if args.needle_samples < 1:
+        raise ValueError(
+            f"--needle-samples must be >= 1 (leave needle out of --tasks to skip it); got {args.needle_samples}"
+        )
+    training = training_options(args)
+    # Every training option is checked now, before any work (each run builds its own with its folder and seed).
+    preset.training_settings(output_dir=os.path.join(args.output_dir, "runs"), **training)
+    data_options = DataOptions(**given(args, DataOptions))
+    data = prepare_data(
+        data=data_options.data,
+        tokenizer_path=data_options.tokenizer,
+        vocab_size=preset.vocab_size,
+        block_size=preset.block_size,
+        needle_fraction=preset.needle_fraction,
+        needle_digits=preset.needle_digits,
+        seed=training["seed"],
+        cache_dir=data_options.cache_dir,
+    )
+    markdown = run_comparison(data, preset, args, training)
+    print(f"report: {os.path.abspath(markdown)}")
+    print(f"        {os.path.abspath(markdown.with_suffix('.html'))}")
+    return 0

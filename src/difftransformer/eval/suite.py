@@ -1,0 +1,145 @@
+"""The evaluation suite on one model: every registered task with its light settings (what ``compare`` runs).
+
+Each task picks its options from its light settings and the suite's context (:meth:`Task.light_options`):
+contexts of one length (compare: the trained block size), magic numbers of the trained digits, haystacks and
+held-out text from the test split, few samples. ``difftransformer eval TASK --model RUN_FOLDER`` runs a task with
+its full settings. Every task writes its JSON and plots to OUTPUT_DIR/TASK/; :func:`run_suite` returns the
+numbers a reader compares between models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from difftransformer.eval.registry import TASKS, get_task, parse_tasks
+from difftransformer.eval.task import LightSettings, SuiteContext
+
+
+@dataclass(frozen=True)
+class SuiteSettings:
+    """What the suite runs.
+
+    Attributes:
+        tasks: which tasks, registered names in registry order.
+        context_length: tokens of every needle prompt and every held-out window.
+        needle_digits: digits of the magic numbers.
+        needles: the N:R configurations of needle and of quant's needle check.
+        seed: every task's draws (the same samples for every model).
+        light: per task, overrides of its light settings (e.g. ``{"needle": {"samples": 1}}``); every other
+            setting keeps the task's default (its ``light`` attribute). The defaults together took 16-18 s per
+            model of the tiny preset on two idle CPU cores (docs/performance.md).
+    """
+
+    tasks: tuple[str, ...] = TASKS
+    context_length: int = 256
+    needle_digits: int = 6
+    needles: tuple[tuple[int, int], ...] = ((1, 1), (2, 2), (4, 2))
+    seed: int = 1234
+    light: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        parse_tasks(",".join(self.tasks))
+        unknown = sorted(set(self.light) - set(TASKS))
+        if unknown:
+            raise ValueError(
+                f"SuiteSettings.light names unknown tasks {unknown}; the tasks are {', '.join(TASKS)}"
+            )
+        for name in ("context_length", "needle_digits"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SuiteSettings.{name} must be >= 1; got {getattr(self, name)}")
+        for task in self.tasks:
+            settings = self.light_settings(task)
+            for setting in dataclasses.fields(settings):
+                value = getattr(settings, setting.name)
+                if isinstance(value, int) and value < 1:
+                    raise ValueError(f"SuiteSettings {task}_{setting.name} must be >= 1; got {value}")
+
+    def light_settings(self, task: str) -> LightSettings:
+        """``task``'s light settings: its defaults with this suite's overrides."""
+        return get_task(task).light_settings(**self.light.get(task, {}))
+
+
+def held_out_tokens(tokenizer, texts: Sequence[str]) -> int:
+    """Tokens that :func:`difftransformer.eval.common.token_stream` can cut from ``texts``."""
+    eos = 0 if getattr(tokenizer, "eos_token_id", None) is None else 1
+    return sum(len(ids) + eos for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"])
+
+
+def suite_options(settings: SuiteSettings, tokenizer, texts: Sequence[str]) -> dict[str, dict]:
+    """Every task's options (see :meth:`Task.light_options`), checked: call it before long work to fail early. A
+    task that reads held-out text needs at least one window of ``context_length`` tokens of it."""
+    context = SuiteContext(
+        context_length=settings.context_length,
+        needle_digits=settings.needle_digits,
+        needles=settings.needles,
+        seed=settings.seed,
+        tokenizer=tokenizer,
+        held_out_tokens=held_out_tokens(tokenizer, texts),
+    )
+    options = {}
+    for name in settings.tasks:
+        task = get_task(name)
+        if task.reads_text and context.held_out_tokens < context.context_length:
+            raise ValueError(
+                f"the held-out texts give {context.held_out_tokens} tokens; {name} needs at least one window of "
+                f"context_length {context.context_length}"
+            )
+        # Through JSON, as an earlier result read back from disk has lists where these may have tuples.
+        chosen = task.light_options(settings.light_settings(name), context)
+        options[name] = json.loads(json.dumps(chosen))
+    return options
+
+
+def run_task(
+    task: str,
+    options: dict,
+    model: nn.Module,
+    tokenizer,
+    texts: Sequence[str],
+    output_dir: Path,
+    progress: bool,
+) -> dict:
+    """Run one task with ``options``; it writes its files to ``output_dir``; return its summary numbers."""
+    chosen = get_task(task)
+    return chosen.summarise(chosen.run(model, tokenizer, texts, options, output_dir, progress))
+
+
+def run_suite(
+    model: nn.Module,
+    tokenizer,
+    texts: Sequence[str],
+    settings: SuiteSettings,
+    output_dir: str | Path,
+    *,
+    previous: dict | None = None,
+    progress: bool = True,
+) -> dict:
+    """Run ``settings.tasks`` on ``model`` (held-out ``texts`` as haystacks and windows); every task writes its
+    JSON and plots to OUTPUT_DIR/TASK/.
+
+    ``previous``: an earlier return value for the same model; a task whose options are unchanged is taken from it
+    instead of being run again.
+
+    Returns a JSON-able dict: ``options`` (task -> the options it ran with), ``seconds`` (task -> wall time of its
+    run) and ``summary`` (task -> its numbers, :meth:`Task.summarise`; each task's docstring and
+    docs/evaluation.md say what they are).
+    """
+    previous = previous or {}
+    suite: dict[str, dict] = {"options": {}, "seconds": {}, "summary": {}}
+    for task, options in suite_options(settings, tokenizer, texts).items():
+        if previous.get("options", {}).get(task) == options and task in previous.get("summary", {}):
+            summary, seconds = previous["summary"][task], previous["seconds"][task]
+        else:
+            start = time.perf_counter()
+            summary = run_task(task, options, model, tokenizer, texts, Path(output_dir) / task, progress)
+            seconds = time.perf_counter() - start
+        suite["options"][task], suite["seconds"][task], suite["summary"][task] = options, seconds, summary
+    return suite
