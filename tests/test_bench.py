@@ -10,7 +10,7 @@ import torch
 
 from difftransformer.bench import cli
 from difftransformer.bench.check import CASES, check_backends
-from difftransformer.bench.report import format_table, load_json, ratio_row, write_json
+from difftransformer.bench.report import format_table, load_json, ratio_row
 from difftransformer.bench.timing import interleaved_medians, interleaved_steps
 from difftransformer.bench.workloads import (
     BenchShape,
@@ -19,6 +19,7 @@ from difftransformer.bench.workloads import (
     random_ids,
     step_peak_bytes,
 )
+from difftransformer.storage import write_json
 
 TINY = BenchShape(d_model=32, layers=1, diff_heads=2, vocab=64, batch=2)
 

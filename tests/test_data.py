@@ -19,11 +19,9 @@ from transformers import AutoTokenizer
 from difftransformer.data import (
     EOS_TOKEN,
     PAD_TOKEN,
-    BlockDataset,
     CorpusError,
     CorpusSplits,
     builtin_corpus,
-    default_cache_dir,
     load_corpus,
     load_tokenizer,
     packed_blocks,
@@ -151,16 +149,6 @@ def test_strip_gutenberg_boilerplate():
     )
     assert shakespeare.strip_gutenberg(text) == "MACBETH\nFair is foul.\n"
     assert shakespeare.strip_gutenberg("MACBETH\nFair is foul.\n") == "MACBETH\nFair is foul.\n"
-
-
-def test_default_cache_dir(monkeypatch, tmp_path):
-    monkeypatch.setenv("DIFFTRANSFORMER_CACHE", str(tmp_path / "c"))
-    assert default_cache_dir() == tmp_path / "c"
-    monkeypatch.delenv("DIFFTRANSFORMER_CACHE")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
-    assert default_cache_dir() == tmp_path / "x" / "difftransformer"
-    monkeypatch.delenv("XDG_CACHE_HOME")
-    assert default_cache_dir() == Path.home() / ".cache" / "difftransformer"
 
 
 # --- the user's files ------------------------------------------------------------------------------------
@@ -364,14 +352,6 @@ def test_packed_blocks_put_eos_between_documents(tokenizer, tmp_path):
     assert blocks.dtype == torch.int64 and blocks.shape == (len(stream) // 16, 16)
     assert blocks.flatten().tolist() == stream[: blocks.numel()]
     assert (blocks == tokenizer.eos_token_id).sum() >= len(docs) - 2  # all but the dropped tail's
-
-    dataset = BlockDataset(blocks)
-    assert len(dataset) == blocks.shape[0]
-    item = dataset[3]
-    assert torch.equal(item["input_ids"], blocks[3]) and torch.equal(item["labels"], blocks[3])
-    assert item["input_ids"].dtype == torch.int64
-    with pytest.raises(ValueError, match=r"shape \(n_blocks, block_size\)"):
-        BlockDataset(blocks.flatten())
 
 
 def test_block_cache_is_reused_and_keyed(tokenizer, tmp_path, monkeypatch):

@@ -162,10 +162,13 @@ def test_presets_match_the_paper():
         assert (diff.hidden_size, diff.num_hidden_layers, diff.num_attention_heads) == (hidden, layers, heads)
         assert base.num_attention_heads == 2 * heads and base.attention == "softmax"
         assert v2.num_attention_heads == 2 * heads and v2.attention == "diff_v2"
-        assert base.head_dim == diff.head_dim == hidden // (2 * heads)
+        # d: the baseline's head width, DIFF V1's map width (its value and cache are 2d wide).
+        assert (
+            base.head_dim == diff.map_head_dim == hidden // (2 * heads) and diff.head_dim == 2 * base.head_dim
+        )
     assert (
         PRESETS["3b"].model_config().intermediate_size == 8192
-        and PRESETS["3b"].model_config().head_dim == 128
+        and PRESETS["3b"].model_config().map_head_dim == 128
     )
     assert (PRESETS["3b"].training["adam_beta2"], PRESETS["3b"].training["weight_decay"]) == (0.95, 0.1)
     with pytest.raises(ValueError, match="preset must be one of"):

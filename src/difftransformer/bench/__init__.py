@@ -1,7 +1,7 @@
 """`difftransformer bench`: DIFF against its matched baseline and DiffLlama, interleaved in one process."""
 
 from difftransformer.bench.check import check_backends
-from difftransformer.bench.report import format_table, load_json, plot_ratios, ratio_row, write_json
+from difftransformer.bench.report import format_table, load_json, plot_ratios, ratio_row
 from difftransformer.bench.timing import interleaved_medians, interleaved_steps
 from difftransformer.bench.workloads import (
     BenchShape,
@@ -28,5 +28,4 @@ __all__ = [
     "state_bytes",
     "step_peak_bytes",
     "train_step_fn",
-    "write_json",
 ]

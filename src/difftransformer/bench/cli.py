@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from difftransformer.bench.check import check_backends
-from difftransformer.bench.report import format_table, plot_ratios, ratio_row, write_json
+from difftransformer.bench.report import format_table, plot_ratios, ratio_row
 from difftransformer.bench.timing import interleaved_medians, interleaved_steps
 from difftransformer.bench.workloads import (
     BenchShape,
@@ -30,6 +30,7 @@ from difftransformer.bench.workloads import (
     train_step_fn,
 )
 from difftransformer.ops import BACKENDS
+from difftransformer.storage import write_json
 
 SECTIONS = ("op", "train", "decode", "memory")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from pathlib import Path
+
+from difftransformer.storage import atomic_write, read_json
 
 # The issue's targets (2 CPU cores, fp32): DIFF / baseline at most this, per (section, setting) prefix.
 TARGETS = {("train", "T=512"): 1.20, ("train", "T=2048"): 1.30, ("decode", ""): 1.05, ("memory", ""): 1.10}
 
 
 def target_for(section: str, setting: str) -> float | None:
+    """The issue's target ratio for a (section, setting) row, or None where it set none."""
     for (sec, prefix), limit in TARGETS.items():
         if sec == section and setting.startswith(prefix):
             return limit
@@ -70,28 +70,12 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside ``path``, then rename over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
-def write_json(path: Path, payload: dict) -> None:
-    write_atomic(path, (json.dumps(payload, indent=2) + "\n").encode())
-
-
 def load_json(path: Path) -> dict:
-    """Read a results file written by :func:`write_json`; a corrupt one is refused with its path."""
+    """Read a results file (written with :func:`difftransformer.storage.write_json`); a missing, corrupt or
+    foreign one is refused with its path."""
     try:
-        payload = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as err:
+        payload = read_json(path)
+    except ValueError as err:
         raise ValueError(f"cannot read benchmark results {path}: {err}") from err
     if not isinstance(payload, dict) or "rows" not in payload:
         raise ValueError(f"{path} is not a benchmark results file (no 'rows')")
@@ -128,7 +112,7 @@ def plot_ratios(path: Path, rows: list[dict], title: str) -> None:
     ax.set_title(title)
     ax.legend(loc="lower right")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        atomic_write(path, lambda handle: fig.savefig(handle, format="png", dpi=120))
+    finally:
+        plt.close(fig)

@@ -1,22 +1,24 @@
-"""Data for training: the built-in Shakespeare corpus or the user's text, a byte-level BPE tokenizer, and
-tokenised text packed into cached fixed-length blocks."""
+"""Data for training and evaluation: the built-in Shakespeare corpus or the user's text, a byte-level BPE
+tokenizer, tokenised text packed into cached fixed-length blocks, and the multi-needle retrieval samples that
+training mixes in and evaluation scores (``needles``). Caches live under :func:`difftransformer.storage.cache_dir`."""
 
-from difftransformer.data.blocks import BlockDataset, packed_blocks
-from difftransformer.data.corpus import CorpusError, CorpusSplits, default_cache_dir
+from difftransformer.data.blocks import packed_blocks
+from difftransformer.data.corpus import CorpusError, CorpusSplits
 from difftransformer.data.files import load_corpus
+from difftransformer.data.needles import NeedleSample, make_needle_sample
 from difftransformer.data.shakespeare import builtin_corpus
 from difftransformer.data.tokenizer import EOS_TOKEN, PAD_TOKEN, load_tokenizer, train_tokenizer
 
 __all__ = [
-    "BlockDataset",
     "CorpusError",
     "CorpusSplits",
     "EOS_TOKEN",
+    "NeedleSample",
     "PAD_TOKEN",
     "builtin_corpus",
-    "default_cache_dir",
     "load_corpus",
     "load_tokenizer",
+    "make_needle_sample",
     "packed_blocks",
     "train_tokenizer",
 ]

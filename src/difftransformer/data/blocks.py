@@ -1,4 +1,4 @@
-"""Tokenised text packed into fixed-length blocks, cached on disk, and the Dataset that serves them."""
+"""Tokenised text packed into fixed-length blocks, cached on disk."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from difftransformer.data.atomic import atomic_write, atomic_write_text
-from difftransformer.data.corpus import CorpusError, default_cache_dir
+from difftransformer.data.corpus import CorpusError
+from difftransformer.storage import atomic_write
+from difftransformer.storage import cache_dir as default_cache
 
 _CACHE_FORMAT = 1  # bump when the packing changes, so old caches are not reused
 _BATCH_DOCUMENTS = 64
@@ -26,7 +27,7 @@ def packed_blocks(
     """Tokenise ``texts``, join them as ``doc_1 EOS doc_2 EOS ... doc_n EOS`` and cut the stream into blocks.
 
     Returns an int64 tensor of shape ``(n_blocks, block_size)``; the tail shorter than a block is dropped.
-    The blocks are cached in ``cache_dir/blocks`` (default ``default_cache_dir()``) as ``<key>.npy`` plus
+    The blocks are cached in ``cache_dir/blocks`` (default: :func:`difftransformer.storage.cache_dir`) as ``<key>.npy`` plus
     ``<key>.json`` (shape and sha256 of the data), keyed by a hash of the tokenizer, the texts and the block
     size, and read back on later calls. A cache file that fails its check is rebuilt, with a warning.
     """
@@ -37,7 +38,7 @@ def packed_blocks(
     if tokenizer.eos_token_id is None:
         raise ValueError(f"tokenizer {type(tokenizer).__name__} has no EOS token to put between documents")
     key = cache_key(texts, tokenizer, block_size)
-    folder = Path(cache_dir or default_cache_dir()) / "blocks"
+    folder = Path(cache_dir or default_cache()) / "blocks"
     blocks = _read_cache(folder, key)
     if blocks is None:
         ids = np.concatenate([np.zeros(0, np.int32), *tokenize_documents(texts, tokenizer)])
@@ -122,26 +123,4 @@ def _write_cache(folder: Path, key: str, blocks: np.ndarray) -> None:
         "dtype": str(blocks.dtype),
         "sha256": hashlib.sha256(blocks.tobytes()).hexdigest(),
     }
-    atomic_write_text(folder / f"{key}.json", json.dumps(meta))
-
-
-class BlockDataset(torch.utils.data.Dataset):
-    """Serves packed blocks for causal LM training: item ``i`` is ``{"input_ids": LongTensor[block_size],
-    "labels": LongTensor[block_size]}`` with equal contents (the model shifts labels itself)."""
-
-    def __init__(self, blocks: torch.Tensor):
-        if not isinstance(blocks, torch.Tensor) or blocks.ndim != 2 or blocks.dtype.is_floating_point:
-            got = (
-                f"{tuple(blocks.shape)} {blocks.dtype}"
-                if isinstance(blocks, torch.Tensor)
-                else type(blocks).__name__
-            )
-            raise ValueError(f"blocks must be an integer tensor of shape (n_blocks, block_size), got {got}")
-        self.blocks = blocks.long()
-
-    def __len__(self) -> int:
-        return self.blocks.shape[0]
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        block = self.blocks[index]
-        return {"input_ids": block, "labels": block.clone()}
+    atomic_write(folder / f"{key}.json", json.dumps(meta))

