@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch is pinned in the same command as the rest so pip never pulls a CUDA build
-	$(PY) -m pip install --quiet "torch==2.13.0" -e ".[test]"
+	$(PY) -m pip install --quiet "torch==2.13.0" -e ".[test,lmeval]"
 	touch $(STAMP)
 
 lint: $(STAMP)

@@ -22,7 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "train DIFF and its matched baseline alike and write a report",
     ),
     "eval": ("difftransformer.eval.cli", "run one of the paper's experiments on any causal LM checkpoint"),
-    "convert": ("difftransformer.convert.cli", "convert to and from transformers' DiffLlama"),
+    "convert": ("difftransformer.convert.cli", "convert to and from transformers' DiffLlama and Llama"),
+    "lm-eval": ("difftransformer.eval.harness", "lm-evaluation-harness's command line on our folders"),
     "bench": ("difftransformer.bench.cli", "benchmark DIFF against its matched baseline and DiffLlama"),
 }
 
