@@ -30,6 +30,7 @@ from difftransformer.eval.hallucination_qa import (
     NAMES,
     QA_TEMPLATE,
     QAItem,
+    answer_complete,
     evaluate_qa,
     extract_answer,
     judge_answer,
@@ -39,7 +40,7 @@ from difftransformer.eval.hallucination_qa import (
 from difftransformer.eval.task import SuiteContext
 from difftransformer.storage import read_json
 
-# --- QA items -------------------------------------------------------------------------------------------------
+# --- QA items
 
 
 def sentences(document: str) -> list[str]:
@@ -90,7 +91,7 @@ def test_bad_qa_settings_are_refused_with_the_setting_named():
         make_qa_items(0, depths=[0.0], distractors=[1], samples=0)
 
 
-# --- the exact judge ---------------------------------------------------------------------------------------------
+# --- the exact judge
 
 
 def oracle(prompt: str) -> str:
@@ -140,8 +141,18 @@ def test_a_model_answering_one_fixed_value_scores_what_it_must(fixed):
 
 def planted() -> QAItem:
     document = "Anna lives in Paris. Bruno lives in Rome. Anna works as a baker. Bruno works as a tailor."
-    return QAItem(document, "Where does Anna live?", "Paris", "Anna", "city", ("Paris", "Rome", "baker", "tailor"),
-                  0.0, 0, 4, 1)  # fmt: skip
+    return QAItem(
+        document,
+        "Where does Anna live?",
+        "Paris",
+        "Anna",
+        "city",
+        ("Paris", "Rome", "baker", "tailor"),
+        0.0,
+        0,
+        4,
+        1,
+    )
 
 
 @pytest.mark.parametrize(
@@ -164,11 +175,30 @@ def test_confusions_are_told_apart_from_hallucinations(continuation, answer, cat
     assert judge_answer(planted(), answer) == category
 
 
-# --- the summary judges ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "continuation, complete",
+    [
+        (" Cop", False),
+        (" Copenhagen", False),
+        (" Copenhagen.", True),
+        (" the ", False),
+        (" the Rome ", True),
+        ("\n", True),
+        ("", False),
+        (" 4", False),
+        (" 42 years", True),
+    ],
+)
+def test_decoding_stops_once_the_answer_word_is_complete(continuation, complete):
+    assert answer_complete(continuation) == complete
+
+
+# --- the summary judges
 
 SOURCE = (
-    "Oil falls 6% in mild winter. US oil prices fell by 6% on Monday. Light crude fell $2.86 to $41.32 on the "
-    "New York Mercantile Exchange, said analyst Tony Blair's adviser. Shares rose in 2004 and 1,000 jobs went."
+    "Oil falls 6% in mild winter. US oil prices fell by 6% on Monday. Light crude fell $2.86 to $41.32 on "
+    "the New York Mercantile Exchange, said analyst Tony Blair's adviser. Shares rose in 2004 and 1,000 jobs "
+    "went."
 )
 
 
@@ -200,12 +230,20 @@ def test_entities_are_numbers_and_capitalised_runs():
     "summary, unsupported, entities",
     [
         ("US oil prices fell 6% on the New York exchange.", [], ["US", "6", "New York"]),
-        ("Oil fell to $40 as Gordon Brown spoke in New York.", ["40", "Gordon Brown"], ["40", "Gordon Brown", "New York"]),
+        (
+            "Oil fell to $40 as Gordon Brown spoke in New York.",
+            ["40", "Gordon Brown"],
+            ["40", "Gordon Brown", "New York"],
+        ),
         ("Blair's adviser saw 1000 jobs go in 2004.", [], ["Blair", "1000", "2004"]),
-        ("Crude fell $2.86 at the York Exchange in 2005.", ["York Exchange", "2005"], ["2.86", "York Exchange", "2005"]),
+        (
+            "Crude fell $2.86 at the York Exchange in 2005.",
+            ["York Exchange", "2005"],
+            ["2.86", "York Exchange", "2005"],
+        ),
         ("prices fell.", [], []),
     ],
-)  # fmt: skip
+)
 def test_the_entity_judge_on_hand_made_summaries(summary, unsupported, entities):
     judgment = EntityJudge()(SOURCE, summary)
     assert judgment.details["entities"] == entities
@@ -267,20 +305,34 @@ def save_tiny(model: nn.Module, tokenizer, path):
 def tiny_llama(tokenizer, max_positions: int = 2048) -> LlamaForCausalLM:
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=max_positions, eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     return LlamaForCausalLM(config).eval()
 
 
 def tiny_diff(tokenizer, max_positions: int = 2048) -> DiffTransformerForCausalLM:
     torch.manual_seed(0)
     config = DiffTransformerConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=2, max_position_embeddings=max_positions, eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     return DiffTransformerForCausalLM(config).eval()
 
 
@@ -312,13 +364,25 @@ def test_a_judge_must_be_entities_or_a_model_directory(tmp_path):
     assert isinstance(load_judge("entities"), EntityJudge)
 
 
-# --- the run -----------------------------------------------------------------------------------------------------
+# --- the run
+
+
+def test_greedy_generation_is_cut_at_the_first_newline_and_stops_when_done(tokenizer):
+    model = tiny_llama(tokenizer)
+    prompt = "Anna lives in Rome.\n\nQuestion: Where does Anna live?\nAnswer:"
+    ids = tokenizer(prompt, return_tensors="pt")
+    plain = model.generate(**ids, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    text = tokenizer.decode(plain[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert H.greedy_generator(model, tokenizer, 12)(prompt) == text.split("\n", 1)[0]
+    one_token = H.greedy_generator(model, tokenizer, 1)(prompt)
+    assert H.greedy_generator(model, tokenizer, 12, done=lambda new: True)(prompt) == one_token
 
 
 def test_summaries_are_judged_and_documents_cut_to_fit(tokenizer):
     documents = [SOURCE + " " + SOURCE, "Anna lives in Rome. " * 30]
-    fitted = H.fit_document(tokenizer, documents[1], words=1000, template=H.SUMMARY_TEMPLATE, context_length=64,
-                            max_new_tokens=8)  # fmt: skip
+    fitted = H.fit_document(
+        tokenizer, documents[1], words=1000, template=H.SUMMARY_TEMPLATE, context_length=64, max_new_tokens=8
+    )
     length = H.prompt_tokens(tokenizer, H.SUMMARY_TEMPLATE.format(document=fitted))
     longer = H.cut_words(documents[1], len(fitted.split()) + 1)
     assert length + 8 <= 64 < H.prompt_tokens(tokenizer, H.SUMMARY_TEMPLATE.format(document=longer)) + 8
@@ -349,8 +413,14 @@ def test_light_options_fit_the_context_and_run_on_held_out_texts(tokenizer, tmp_
         for i in items
     )
     context = longest + light.qa_max_new_tokens  # 3 distractors just fit, 15 cannot
-    suite = SuiteContext(context_length=context, needle_digits=3, needles=((1, 1),), seed=5, tokenizer=tokenizer,
-                         held_out_tokens=10_000)  # fmt: skip
+    suite = SuiteContext(
+        context_length=context,
+        needle_digits=3,
+        needles=((1, 1),),
+        seed=5,
+        tokenizer=tokenizer,
+        held_out_tokens=10_000,
+    )
     options = H.TASK.light_options(light, suite)
     assert options["distractors"] == [1, 3] and options["fit_context"] == context
     narrower = H.TASK.light_options(light, dataclasses.replace(suite, context_length=context - 1))
@@ -367,11 +437,16 @@ def test_light_options_fit_the_context_and_run_on_held_out_texts(tokenizer, tmp_
     values = {m.name: m.value(summary) for m in H.TASK.measures(summary)}
     assert values["contextual QA hallucination rate"] == summary["qa"]["hallucination"]
     assert "XSum 0.44 / 0.53" in H.TASK.describe(options) and "Qasper 0.28 / 0.39" in H.TASK.describe(options)
+    vacuous = H.TASK.columns({"summary": {"free": 1.0, "unsupported_entities": None}})
+    assert [(c.header, c.value) for c in vacuous] == [
+        ("summaries judged free", 1.0),
+        ("unsupported entities", 0.0),
+    ]
     with pytest.raises(ValueError, match="no QA document"):
         H.TASK.light_options(H.TASK.light_settings(distractors=(15,)), suite)
 
 
-# --- the command line --------------------------------------------------------------------------------------------
+# --- the command line
 
 
 @pytest.fixture(scope="module")
@@ -421,8 +496,18 @@ def test_the_cli_is_seeded_and_checks_its_flags_first(checkpoints, tmp_path, cap
     paths, documents = checkpoints
     runs = []
     for out in ("a", "b"):
-        argv = ["eval", "hallucination", "--model", str(paths["llama"]), "--output-dir", str(tmp_path / out),
-                "--no-progress", "--families", "qa", *QUICK.split()]  # fmt: skip
+        argv = [
+            "eval",
+            "hallucination",
+            "--model",
+            str(paths["llama"]),
+            "--output-dir",
+            str(tmp_path / out),
+            "--no-progress",
+            "--families",
+            "qa",
+            *QUICK.split(),
+        ]
         main(argv)
         runs.append(read_json(tmp_path / out / "hallucination.json"))
     assert runs[0] == runs[1]

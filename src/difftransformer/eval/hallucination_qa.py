@@ -6,7 +6,8 @@ attribute kind of the document, so the distractors (the people other than the on
 answer's attribute type. The question asks for one attribute of one person; the gold answer is stated once in
 the document, at a chosen depth (the gold sentence's index over the last index).
 
-Every value is a single word, so an answer is judged exactly (see :func:`extract_answer` and :func:`judge_answer`):
+Every value is a single word, so an answer is judged exactly (see :func:`extract_answer` and
+:func:`judge_answer`):
 
 - ``correct``: the gold value;
 - ``confusion``: a value stated in the document other than the gold one (mostly another person's value of the
@@ -37,8 +38,8 @@ NAMES: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class Attribute:
-    """One attribute kind: how a document states it, how a question asks for it, and its possible values (single
-    words)."""
+    """One attribute kind: how a document states it, how a question asks for it, and its possible values
+    (single words)."""
 
     statement: str  # with {name} and {value}
     question: str  # with {name}
@@ -61,7 +62,9 @@ ATTRIBUTES: dict[str, Attribute] = {
         ("red", "blue", "green", "yellow", "purple", "orange", "black", "white", "brown", "grey", "pink",
          "silver", "golden", "violet", "crimson", "scarlet"),
     ),
-    "age": Attribute("{name} is {value} years old.", "How old is {name}?", tuple(str(n) for n in range(18, 90))),
+    "age": Attribute(
+        "{name} is {value} years old.", "How old is {name}?", tuple(str(n) for n in range(18, 90))
+    ),
     "pet": Attribute(
         "{name} keeps a {value}.", "What animal does {name} keep?",
         ("cat", "dog", "horse", "goat", "rabbit", "parrot", "tortoise", "hamster", "pony", "donkey", "ferret",
@@ -101,7 +104,7 @@ class QAItem:
 
 
 def max_distractors(attributes: Sequence[str]) -> int:
-    """The most distractors a document of these attribute kinds can hold (every person needs distinct values)."""
+    """The most distractors a document of these attribute kinds can hold (each person has distinct values)."""
     return min(len(NAMES), *(len(ATTRIBUTES[kind].values) for kind in attributes)) - 1
 
 
@@ -125,8 +128,9 @@ def check_qa_settings(depths: Sequence[float], distractors: Sequence[int], attri
 def make_qa_item(
     rng: np.random.Generator, *, distractors: int, depth: float, attributes: Sequence[str] = tuple(ATTRIBUTES)
 ) -> QAItem:
-    """Draw one item: ``distractors + 1`` people, distinct values per attribute kind, one sentence per (person,
-    kind) in random order except the gold sentence, placed at index ``round(depth * (sentences - 1))``."""
+    """Draw one item: ``distractors + 1`` people, distinct values per attribute kind, one sentence per
+    (person, kind) in random order except the gold sentence, placed at index ``round(depth * (sentences -
+    1))``."""
     check_qa_settings([depth], [distractors], attributes)
     people = [NAMES[i] for i in rng.choice(len(NAMES), size=distractors + 1, replace=False)]
     values = {}
@@ -164,8 +168,8 @@ def make_qa_items(
     attributes: Sequence[str] = tuple(ATTRIBUTES),
 ) -> list[QAItem]:
     """``samples`` items per (distractors, depth) cell, in that order. Each cell draws from its own generator,
-    seeded by ``seed``, its distractor count and its depth, so that a cell's items do not depend on which other
-    cells are asked for; the same seed gives the same items."""
+    seeded by ``seed``, its distractor count and its depth, so that a cell's items do not depend on which
+    other cells are asked for; the same seed gives the same items."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1; got {samples}")
     check_qa_settings(depths, distractors, attributes)
@@ -195,6 +199,17 @@ def extract_answer(continuation: str) -> str:
         if word not in ARTICLES:
             return word
     return ""
+
+
+def answer_complete(continuation: str) -> bool:
+    """Whether more text can no longer change :func:`extract_answer`: the continuation has a newline, or its
+    first word after any articles is followed by a character that cannot continue it (decoding can stop)."""
+    if "\n" in continuation:
+        return True
+    for match in _WORD.finditer(continuation.lower()):
+        if match.group(0) not in ARTICLES:
+            return match.end() < len(continuation)
+    return False
 
 
 def judge_answer(item: QAItem, answer: str) -> str:
