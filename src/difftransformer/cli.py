@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "fetch the built-in corpus, train a tokenizer, cache packed blocks",
     ),
     "train": ("difftransformer.train.cli", "train a DIFF, DIFF V2 or softmax language model"),
+    "plan": ("difftransformer.train.plan", "parameters, memory per device and tokens per step of a run"),
     "generate": ("difftransformer.generate", "continue a prompt with a trained checkpoint"),
     "compare": (
         "difftransformer.compare.cli",

@@ -3,7 +3,9 @@
 Trainer writes a checkpoint file by file, so a kill during a save leaves a folder that looks like a checkpoint but
 is not one. :class:`CompletionMarker` writes a marker after Trainer has finished a save (``on_save`` fires after
 the model, optimizer, scheduler, RNG and trainer state are on disk); resuming takes the newest checkpoint that has
-the marker and whose files open, and sets aside the others.
+the marker and whose files open, and sets aside the others as ``incomplete-checkpoint-N``: a name outside the
+``checkpoint-*`` glob of Trainer's checkpoint rotation, which would otherwise take them for checkpoints and delete
+them.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from difftransformer.storage import write_json
 
 COMPLETE_MARKER = "checkpoint_complete.json"
-REQUIRED_FILES = ("model.safetensors", "trainer_state.json", "optimizer.pt", "scheduler.pt")
+REQUIRED_FILES = ("model.safetensors", "trainer_state.json", "scheduler.pt")
+# The optimizer state as Trainer saves it: optimizer.pt (one process, DDP), optimizer.bin (FSDP's full state dict).
+OPTIMIZER_FILES = ("optimizer.pt", "optimizer.bin")
+SET_ASIDE_PREFIX = "incomplete-"
 _STEP = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 
 
@@ -42,6 +47,8 @@ def checkpoint_problem(folder: Path) -> str | None:
     for name in REQUIRED_FILES:
         if not (folder / name).is_file() or (folder / name).stat().st_size == 0:
             return f"{name} is missing or empty"
+    if not any((folder / name).is_file() and (folder / name).stat().st_size > 0 for name in OPTIMIZER_FILES):
+        return f"the optimizer state ({' or '.join(OPTIMIZER_FILES)}) is missing or empty"
     try:
         state = json.loads((folder / "trainer_state.json").read_text())
         step = int(state["global_step"])
@@ -70,13 +77,14 @@ def checkpoints(output_dir: str | os.PathLike) -> list[Path]:
 
 def last_good_checkpoint(output_dir: str | os.PathLike, *, quarantine: bool = True) -> Path | None:
     """The newest checkpoint that passes :func:`checkpoint_problem`. Newer, broken ones are renamed to
-    ``<name>.incomplete`` (when ``quarantine``) so Trainer never picks them up or saves on top of them."""
+    ``incomplete-<name>`` (when ``quarantine``) so Trainer never picks them up, saves on top of them or rotates
+    them away."""
     for folder in reversed(checkpoints(output_dir)):
         problem = checkpoint_problem(folder)
         if problem is None:
             return folder
         if quarantine:
-            target = folder.with_name(folder.name + ".incomplete")
+            target = folder.with_name(SET_ASIDE_PREFIX + folder.name)
             if target.exists():
                 shutil.rmtree(target)
             folder.rename(target)

@@ -24,6 +24,7 @@ from difftransformer.ops import fused_cpu_available
 from difftransformer.storage import write_json
 from difftransformer.train.callbacks import CsvMetrics, ProgressBar
 from difftransformer.train.checkpoints import CompletionMarker, checkpoints, last_good_checkpoint
+from difftransformer.train.fsdp_on_cpu import enable_fsdp_on_cpu
 from difftransformer.train.lock import RunLock
 from difftransformer.train.settings import TrainingSettings, tokens_per_step
 
@@ -54,6 +55,7 @@ class LanguageModelTrainer(Trainer):
 
     def create_accelerator_and_postprocess(self) -> None:
         super().create_accelerator_and_postprocess()
+        enable_fsdp_on_cpu(self)  # --fsdp on CPU processes (accelerate applies it on accelerators only)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "eval_loss" in logs:

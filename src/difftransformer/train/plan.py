@@ -1,0 +1,406 @@
+"""``difftransformer plan``: what a training run of a preset needs, before it starts.
+
+Exact parameter counts of DIFF, its matched baseline and DIFF V2 (each model built on the meta device: no memory
+used), an estimate of the memory per device under DDP and under FSDP (weights, gradients, optimizer state,
+activations at the preset's block size and batch), and the tokens of one optimizer step.
+
+Activations are measured rather than modelled: the bytes autograd keeps for backward, per token, are read off
+narrow copies of the model (same heads, vocabulary and code; one and two layers; two widths of d_model and two of
+the FFN) run on the CPU through the fused attention kernels, and extrapolated to the preset's widths. That
+extrapolation is exact while every saved tensor is as wide as d_model, the FFN, a head or a constant, which holds
+for every layer of this package. docs/training.md lists the assumptions of the rest of the arithmetic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+from transformers.trainer_utils import FSDPOption
+
+from difftransformer.models import DiffTransformerConfig, DiffTransformerForCausalLM
+from difftransformer.train.cli import resolved_preset
+from difftransformer.train.presets import PRESETS, RECIPE, Preset
+from difftransformer.train.settings import (
+    PresetOptions,
+    TrainingSettings,
+    add_options,
+    given,
+    tokens_per_step,
+)
+
+FLOAT32_BYTES = (
+    4  # master weights and their gradients: Trainer's --bf16 is mixed precision over float32 weights
+)
+BFLOAT16_BYTES = 2
+ADAMW_STATE_BYTES = 8  # AdamW (Trainer's default optimizer) keeps two float32 moments per parameter
+GIB = 2**30
+# The FSDP sharding words of Trainer's --fsdp this estimate models (auto_wrap: one unit per decoder layer).
+MODELED_FSDP_OPTIONS = frozenset(
+    {FSDPOption.FULL_SHARD, FSDPOption.SHARD_GRAD_OP, FSDPOption.OFFLOAD, FSDPOption.AUTO_WRAP}
+)
+PLANNED_KINDS = ("diff", "softmax", "diff_v2")  # DIFF V1, its matched baseline, DIFF V2
+_PROXY_TOKENS = 64  # tokens of a measuring run: above the decode path's query count, cheap at any vocabulary
+
+
+@dataclass(frozen=True)
+class ParallelSetup:
+    """How a run spreads over devices: ``world_size`` processes (one per device), ``fsdp`` Trainer's sharding
+    words for the FSDP estimate, bfloat16 mixed precision, activation (gradient) checkpointing."""
+
+    world_size: int = 1
+    fsdp: tuple[str, ...] = (FSDPOption.FULL_SHARD,)
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.world_size, int) or self.world_size < 1:
+            raise ValueError(f"world_size must be a positive integer; got {self.world_size!r}")
+        unknown = set(self.fsdp) - {option.value for option in MODELED_FSDP_OPTIONS}
+        if unknown:
+            raise ValueError(
+                f"fsdp: the plan models {sorted(o.value for o in MODELED_FSDP_OPTIONS)}; got {sorted(unknown)}"
+            )
+        if FSDPOption.FULL_SHARD in self.fsdp and FSDPOption.SHARD_GRAD_OP in self.fsdp:
+            raise ValueError("fsdp: choose one of full_shard and shard_grad_op; got both")
+
+    @property
+    def compute_bytes(self) -> int:
+        """Bytes of one element of the compute copy of a weight (bfloat16 under --bf16)."""
+        return BFLOAT16_BYTES if self.bf16 else FLOAT32_BYTES
+
+
+@dataclass(frozen=True)
+class ParameterCounts:
+    """Parameters of one model: all of them, one decoder layer's (an FSDP unit), those outside the decoder layers
+    (embeddings, final norm, LM head: the root FSDP unit), and those in ``nn.Linear`` weights (what autocast
+    copies to bfloat16)."""
+
+    total: int
+    per_layer: int
+    outside_layers: int
+    in_linear: int
+
+
+def count_parameters(config: DiffTransformerConfig) -> ParameterCounts:
+    """Count the parameters of ``DiffTransformerForCausalLM(config)``, built on the meta device."""
+    with torch.device("meta"):
+        model = DiffTransformerForCausalLM(config)
+    total = sum(p.numel() for p in model.parameters())
+    per_layer = sum(p.numel() for p in model.model.layers[0].parameters())
+    in_linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    return ParameterCounts(
+        total=total,
+        per_layer=per_layer,
+        outside_layers=total - config.num_hidden_layers * per_layer,
+        in_linear=in_linear,
+    )
+
+
+@dataclass(frozen=True)
+class ActivationRates:
+    """Bytes per token kept for backward: by one decoder layer, outside the layers (embeddings, final norm, LM
+    head, loss), and a layer's input (all that a checkpointed layer keeps)."""
+
+    per_layer: float
+    outside_layers: float
+    layer_input: float
+
+
+_VIEW_NODES = frozenset(
+    {"TBackward0", "ViewBackward0", "TransposeBackward0", "PermuteBackward0", "ExpandBackward0"}
+)
+
+
+def _is_weight_copy(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is (a view of) autocast's low-precision copy of a parameter (counted with the
+    weights, not the activations)."""
+    node = tensor.grad_fn
+    while node is not None and type(node).__name__ in _VIEW_NODES:
+        node = node.next_functions[0][0]
+    if node is None or type(node).__name__ != "ToCopyBackward0":
+        return False
+    return any(isinstance(getattr(fn, "variable", None), nn.Parameter) for fn, _ in node.next_functions if fn)
+
+
+def saved_bytes(config: DiffTransformerConfig, tokens: int, *, bf16: bool) -> int:
+    """Bytes of the tensors that one training forward of ``DiffTransformerForCausalLM(config)`` (one sequence of
+    ``tokens`` tokens, next-token loss) keeps for backward on the CPU, parameters and their autocast copies
+    excluded; every storage counted once."""
+    model = DiffTransformerForCausalLM(config).train()
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept: dict[int, int] = {}
+
+    def keep(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters and not _is_weight_copy(tensor):
+            kept[storage.data_ptr()] = storage.nbytes()  # saved tensors stay alive: addresses are unique
+        return tensor
+
+    ids = torch.arange(tokens).remainder(config.vocab_size)[None]
+    with (
+        torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor),
+        torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16),
+    ):
+        model(input_ids=ids, labels=ids)
+    return sum(kept.values())
+
+
+def _proxy_widths(config: DiffTransformerConfig) -> tuple[int, int]:
+    """Two small d_model values that keep ``config``'s heads and key-value heads valid."""
+    widths = []
+    for per_head in range(2, 66, 2):
+        try:
+            dataclasses.replace(config, hidden_size=config.num_attention_heads * per_head)
+        except ValueError:
+            continue
+        widths.append(config.num_attention_heads * per_head)
+        if len(widths) == 2:
+            return widths[0], widths[1]
+    raise ValueError(f"no small d_model fits {config.num_attention_heads} heads of kind {config.attention!r}")
+
+
+def activation_rates(config: DiffTransformerConfig, *, bf16: bool) -> ActivationRates:
+    """Bytes per token kept for backward by ``config``'s model, measured on narrow copies (see the module
+    docstring) through the fused SDPA kernels, which keep no attention maps (as flash attention on a GPU)."""
+    (h1, h2), (f1, f2) = _proxy_widths(config), (16, 32)
+
+    def per_token(hidden: int, ffn: int) -> tuple[float, float]:
+        one, two = (
+            saved_bytes(
+                dataclasses.replace(
+                    config,
+                    hidden_size=hidden,
+                    intermediate_size=ffn,
+                    num_hidden_layers=layers,
+                    attention_backend="sdpa",
+                ),
+                _PROXY_TOKENS,
+                bf16=bf16,
+            )
+            for layers in (1, 2)
+        )
+        return (two - one) / _PROXY_TOKENS, (2 * one - two) / _PROXY_TOKENS  # per layer, outside the layers
+
+    base, wider, longer_ffn = per_token(h1, f1), per_token(h2, f1), per_token(h1, f2)
+
+    def extrapolate(part: int) -> float:
+        per_width = (wider[part] - base[part]) / (h2 - h1)
+        per_ffn = (longer_ffn[part] - base[part]) / (f2 - f1)
+        return base[part] + per_width * (config.hidden_size - h1) + per_ffn * (config.intermediate_size - f1)
+
+    # The residual stream stays float32 under autocast: a checkpointed layer keeps its float32 input.
+    return ActivationRates(
+        per_layer=extrapolate(0),
+        outside_layers=extrapolate(1),
+        layer_input=FLOAT32_BYTES * config.hidden_size,
+    )
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per device, by what holds them."""
+
+    weights: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer_state + self.activations
+
+
+def activation_bytes(
+    rates: ActivationRates, layers: int, tokens_per_device: int, *, gradient_checkpointing: bool
+) -> int:
+    """Activations of one micro-batch of ``tokens_per_device`` tokens at the peak (the start of backward). With
+    checkpointing, every layer keeps its input and one layer at a time is recomputed in full."""
+    if gradient_checkpointing:
+        per_token = layers * rates.layer_input + rates.per_layer + rates.outside_layers
+    else:
+        per_token = layers * rates.per_layer + rates.outside_layers
+    return math.ceil(tokens_per_device * per_token)
+
+
+def ddp_memory(
+    counts: ParameterCounts, rates: ActivationRates, setup: ParallelSetup, layers: int, tokens_per_device: int
+) -> MemoryEstimate:
+    """DDP: every device holds the whole model, its gradients (twice with more than one process: DDP's
+    communication buckets are a second copy), the optimizer state, autocast's bfloat16 copies of the linear
+    weights under --bf16, and its micro-batch's activations."""
+    copies = BFLOAT16_BYTES * counts.in_linear if setup.bf16 else 0
+    return MemoryEstimate(
+        weights=FLOAT32_BYTES * counts.total + copies,
+        gradients=FLOAT32_BYTES * counts.total * (2 if setup.world_size > 1 else 1),
+        optimizer_state=ADAMW_STATE_BYTES * counts.total,
+        activations=activation_bytes(
+            rates, layers, tokens_per_device, gradient_checkpointing=setup.gradient_checkpointing
+        ),
+    )
+
+
+def fsdp_memory(
+    counts: ParameterCounts, rates: ActivationRates, setup: ParallelSetup, layers: int, tokens_per_device: int
+) -> MemoryEstimate:
+    """FSDP2, one unit per decoder layer plus the root (embeddings, norm, head): each device keeps 1/world_size of
+    the float32 weights, gradients and optimizer state (on the CPU with ``offload``), plus the gathered compute
+    copies in flight: the root's for the whole step and two layers' (the one running and the one prefetched), or
+    every layer's between forward and backward with ``shard_grad_op``; the gathered gradients of the root and one
+    layer before their reduce-scatter; and its micro-batch's activations."""
+    shard = math.ceil(counts.total / setup.world_size)
+    on_device = 0 if FSDPOption.OFFLOAD in setup.fsdp else 1
+    gathered_layers = layers if FSDPOption.SHARD_GRAD_OP in setup.fsdp else min(2, layers)
+    compute = setup.compute_bytes
+    return MemoryEstimate(
+        weights=on_device * FLOAT32_BYTES * shard
+        + compute * (counts.outside_layers + gathered_layers * counts.per_layer),
+        gradients=on_device * FLOAT32_BYTES * shard + compute * (counts.outside_layers + counts.per_layer),
+        optimizer_state=on_device * ADAMW_STATE_BYTES * shard,
+        activations=activation_bytes(
+            rates, layers, tokens_per_device, gradient_checkpointing=setup.gradient_checkpointing
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class KindPlan:
+    """One attention kind's model: its parameters and memory per device under DDP and FSDP."""
+
+    kind: str
+    config: DiffTransformerConfig
+    counts: ParameterCounts
+    rates: ActivationRates
+    ddp: MemoryEstimate
+    fsdp: MemoryEstimate
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run of ``preset`` needs under ``setup``."""
+
+    preset: Preset
+    setup: ParallelSetup
+    tokens_per_device: int
+    tokens_per_step: int
+    kinds: tuple[KindPlan, ...]
+
+
+def make_plan(preset: Preset, setup: ParallelSetup, kinds: tuple[str, ...] = PLANNED_KINDS) -> Plan:
+    """The plan of a run of ``preset`` (with its training settings) on ``setup``."""
+    batch = preset.training["per_device_train_batch_size"]
+    step = SimpleNamespace(
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=preset.training["gradient_accumulation_steps"],
+        world_size=setup.world_size,
+    )
+    tokens_per_device = preset.block_size * batch
+    plans = []
+    for kind in kinds:
+        config = preset.model_config(kind)
+        counts = count_parameters(config)
+        rates = activation_rates(config, bf16=setup.bf16)
+        layers = config.num_hidden_layers
+        plans.append(
+            KindPlan(
+                kind=kind,
+                config=config,
+                counts=counts,
+                rates=rates,
+                ddp=ddp_memory(counts, rates, setup, layers, tokens_per_device),
+                fsdp=fsdp_memory(counts, rates, setup, layers, tokens_per_device),
+            )
+        )
+    return Plan(
+        preset=preset,
+        setup=setup,
+        tokens_per_device=tokens_per_device,
+        tokens_per_step=tokens_per_step(preset.block_size, step),
+        kinds=tuple(plans),
+    )
+
+
+KIND_NAMES = {"diff": "DIFF", "softmax": "baseline", "diff_v2": "DIFF V2"}
+
+
+def format_plan(plan: Plan) -> str:
+    """The plan as the ``plan`` command prints it."""
+    preset, setup = plan.preset, plan.setup
+    batch = preset.training["per_device_train_batch_size"]
+    accumulation = preset.training["gradient_accumulation_steps"]
+    lines = [
+        f"preset {preset.name}: {preset.description}",
+        f"tokens per optimizer step: {preset.block_size} x {batch} blocks x {accumulation} accumulated x "
+        f"{setup.world_size} processes = {plan.tokens_per_step:,}",
+        "",
+        "parameters:",
+    ]
+    for kind in plan.kinds:
+        config = kind.config
+        lines.append(
+            f"  {KIND_NAMES[kind.kind]:<9} {kind.counts.total:>15,}  ({config.num_attention_heads} heads, "
+            f"{kind.counts.per_layer:,} per layer, {kind.counts.outside_layers:,} in embeddings, norm and head)"
+        )
+    precision = "bf16 mixed precision" if setup.bf16 else "float32"
+    checkpointing = "gradient checkpointing" if setup.gradient_checkpointing else "no gradient checkpointing"
+    lines += [
+        "",
+        f"memory per device, GiB ({setup.world_size} processes, {precision}, {checkpointing}, AdamW, micro-batch "
+        f"{batch} x {preset.block_size} tokens; FSDP: {' '.join(setup.fsdp)}):",
+    ]
+    shown = [k for k in plan.kinds if k.kind in ("diff", "softmax")]
+    header = "".join(f"{KIND_NAMES[k.kind] + ' ' + engine:>16}" for k in shown for engine in ("DDP", "FSDP"))
+    lines.append(f"  {'':<16}{header}")
+    for label in ("weights", "gradients", "optimizer_state", "activations", "total"):
+        cells = "".join(
+            f"{getattr(getattr(k, engine), label) / GIB:>16.2f}" for k in shown for engine in ("ddp", "fsdp")
+        )
+        lines.append(f"  {label.replace('_', ' '):<16}{cells}")
+    if not setup.bf16:
+        lines.append(
+            "  (train turns --bf16 on by itself on a GPU that supports it: add --bf16 to plan for that)"
+        )
+    if setup.world_size > 1 and accumulation % setup.world_size == 0:
+        lines.append(
+            f"batch flags are per process: --gradient-accumulation-steps {accumulation // setup.world_size} keeps "
+            f"the preset's {plan.tokens_per_step // setup.world_size:,} tokens per step on {setup.world_size} processes"
+        )
+    return "\n".join(lines)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """``plan``'s options: the world size, then ``train``'s preset and training options (output dir excepted)."""
+    parser.add_argument(
+        "--world-size",
+        type=int,
+        default=1,
+        help="processes (one per device) the run is planned for (default: 1)",
+    )
+    parser.epilog = "presets: " + ", ".join(PRESETS)
+    add_options(parser, PresetOptions)
+    add_options(parser, TrainingSettings, preset_fields=frozenset(RECIPE), exclude=frozenset({"output_dir"}))
+
+
+def setup_from(args: argparse.Namespace) -> ParallelSetup:
+    """The :class:`ParallelSetup` of a command line (``--fsdp`` bare or absent: full_shard)."""
+    options = given(args, TrainingSettings)
+    fsdp = options.get("fsdp")
+    words = tuple(fsdp.split()) if isinstance(fsdp, str) else (FSDPOption.FULL_SHARD.value,)
+    checkpointing = options.get("activation_checkpointing") or options.get("gradient_checkpointing")
+    return ParallelSetup(
+        world_size=args.world_size,
+        fsdp=words,
+        bf16=bool(options.get("bf16")),
+        gradient_checkpointing=bool(checkpointing),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the plan."""
+    print(format_plan(make_plan(resolved_preset(args), setup_from(args))))
+    return 0

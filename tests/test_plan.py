@@ -1,0 +1,190 @@
+"""``difftransformer plan``: parameter counts against real models, the activation estimate against a measured
+forward, and the memory arithmetic's response to world size, sharding, bf16 and checkpointing."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from difftransformer import DiffTransformerConfig, DiffTransformerForCausalLM
+from difftransformer.cli import main
+from difftransformer.train.plan import (
+    ADAMW_STATE_BYTES,
+    FLOAT32_BYTES,
+    ParallelSetup,
+    activation_bytes,
+    activation_rates,
+    count_parameters,
+    ddp_memory,
+    fsdp_memory,
+    make_plan,
+    saved_bytes,
+)
+from difftransformer.train.presets import get_preset
+
+
+def small_config(attention: str, **fields) -> DiffTransformerConfig:
+    values = dict(
+        vocab_size=211, hidden_size=48, intermediate_size=72, num_hidden_layers=3, num_attention_heads=2,
+        attention=attention,
+    )  # fmt: skip
+    values.update(fields)
+    return DiffTransformerConfig(**values)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(attention="diff"),
+        dict(attention="diff", num_attention_heads=4, num_key_value_heads=2),
+        dict(attention="softmax", tie_word_embeddings=True),
+        dict(attention="diff_v2", num_attention_heads=4),
+        dict(attention="diff", subln="none"),
+    ],
+)
+def test_meta_count_equals_a_real_model(fields):
+    config = small_config(**fields)
+    counts = count_parameters(config)
+    model = DiffTransformerForCausalLM(config)
+    assert counts.total == sum(p.numel() for p in model.parameters())
+    assert counts.per_layer == sum(p.numel() for p in model.model.layers[1].parameters())
+    assert counts.outside_layers == counts.total - 3 * counts.per_layer
+    assert counts.in_linear == sum(
+        m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)
+    )
+
+
+def test_baseline_count_follows_the_llama_formula():
+    config = small_config("softmax", num_attention_heads=4)
+    h, f, v, layers = (
+        config.hidden_size,
+        config.intermediate_size,
+        config.vocab_size,
+        config.num_hidden_layers,
+    )
+    assert count_parameters(config).total == 2 * v * h + layers * (4 * h * h + 3 * h * f + 2 * h) + h
+
+
+@pytest.mark.parametrize("attention", ["diff", "softmax", "diff_v2"])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_extrapolated_activations_match_a_measured_forward(attention, bf16):
+    """The rates come from narrow copies; a model of other widths and depth keeps what they predict."""
+    config = small_config(attention, hidden_size=96, intermediate_size=200, num_attention_heads=4)
+    rates = activation_rates(config, bf16=bf16)
+    tokens = 96
+    measured = saved_bytes(dataclasses.replace(config, attention_backend="sdpa"), tokens, bf16=bf16)
+    predicted = activation_bytes(rates, config.num_hidden_layers, tokens, gradient_checkpointing=False)
+    assert predicted == pytest.approx(measured, rel=2e-3)
+
+
+def test_saved_bytes_grow_with_tokens_and_width():
+    config = dataclasses.replace(small_config("diff"), attention_backend="sdpa")
+    assert saved_bytes(config, 128, bf16=False) > 1.9 * saved_bytes(config, 64, bf16=False)
+    wider = dataclasses.replace(config, intermediate_size=4 * config.intermediate_size)
+    assert saved_bytes(wider, 64, bf16=False) > saved_bytes(config, 64, bf16=False)
+    assert saved_bytes(config, 64, bf16=True) < 0.8 * saved_bytes(config, 64, bf16=False)
+
+
+@pytest.fixture(scope="module")
+def parts():
+    config = small_config("diff", num_hidden_layers=6)
+    return count_parameters(config), activation_rates(config, bf16=False), config.num_hidden_layers
+
+
+def test_fsdp_divides_the_sharded_state_by_the_world_size(parts):
+    counts, rates, layers = parts
+    one = fsdp_memory(counts, rates, ParallelSetup(world_size=1), layers, 512)
+    four = fsdp_memory(counts, rates, ParallelSetup(world_size=4), layers, 512)
+    shard = math.ceil(counts.total / 4)
+    assert four.optimizer_state == ADAMW_STATE_BYTES * shard
+    assert one.optimizer_state == ADAMW_STATE_BYTES * counts.total
+    # weights and gradients: the float32 shard plus gathered copies that do not depend on the world size
+    assert one.weights - four.weights == FLOAT32_BYTES * (counts.total - shard)
+    assert one.gradients - four.gradients == FLOAT32_BYTES * (counts.total - shard)
+    assert four.activations == one.activations
+    ddp_one = ddp_memory(counts, rates, ParallelSetup(world_size=1), layers, 512)
+    ddp_four = ddp_memory(counts, rates, ParallelSetup(world_size=4), layers, 512)
+    assert ddp_four.weights == ddp_one.weights == FLOAT32_BYTES * counts.total
+    assert ddp_four.optimizer_state == ddp_one.optimizer_state
+    assert ddp_four.gradients == 2 * ddp_one.gradients  # DDP's buckets
+    assert four.total < ddp_four.total
+
+
+def test_sharding_options_move_memory_as_fsdp_does(parts):
+    counts, rates, layers = parts
+    full = fsdp_memory(counts, rates, ParallelSetup(world_size=4), layers, 512)
+    grad_op = fsdp_memory(counts, rates, ParallelSetup(world_size=4, fsdp=("shard_grad_op",)), layers, 512)
+    offload = fsdp_memory(
+        counts, rates, ParallelSetup(world_size=4, fsdp=("full_shard", "offload")), layers, 512
+    )
+    assert grad_op.weights - full.weights == FLOAT32_BYTES * (layers - 2) * counts.per_layer
+    assert offload.optimizer_state == 0
+    assert offload.weights == full.weights - FLOAT32_BYTES * math.ceil(counts.total / 4)
+
+
+def test_bf16_halves_gathered_copies_and_adds_autocast_copies_under_ddp(parts):
+    counts, rates, layers = parts
+    fp32 = ParallelSetup(world_size=2)
+    bf16 = ParallelSetup(world_size=2, bf16=True)
+    shard = FLOAT32_BYTES * math.ceil(counts.total / 2)
+    fsdp32, fsdp16 = (fsdp_memory(counts, rates, s, layers, 512) for s in (fp32, bf16))
+    assert fsdp16.weights - shard == (fsdp32.weights - shard) // 2
+    ddp32, ddp16 = (ddp_memory(counts, rates, s, layers, 512) for s in (fp32, bf16))
+    assert ddp16.weights - ddp32.weights == 2 * counts.in_linear  # autocast's bfloat16 copies
+    assert ddp16.optimizer_state == ddp32.optimizer_state  # float32 masters either way
+
+
+def test_bf16_and_checkpointing_shrink_activations(parts):
+    counts, _, layers = parts
+    config = small_config("diff", num_hidden_layers=layers)
+    fp32, bf16 = activation_rates(config, bf16=False), activation_rates(config, bf16=True)
+    tokens = 1024
+    full = activation_bytes(fp32, layers, tokens, gradient_checkpointing=False)
+    assert activation_bytes(bf16, layers, tokens, gradient_checkpointing=False) < 0.8 * full
+    checkpointed = activation_bytes(fp32, layers, tokens, gradient_checkpointing=True)
+    assert checkpointed == math.ceil(
+        tokens * (layers * fp32.layer_input + fp32.per_layer + fp32.outside_layers)
+    )
+    assert checkpointed < full / 2
+
+
+def test_plan_uses_the_preset_batch_and_world_size():
+    preset = get_preset("micro")
+    plan = make_plan(preset, ParallelSetup(world_size=3), kinds=("diff",))
+    batch, accumulation = (
+        preset.training[k] for k in ("per_device_train_batch_size", "gradient_accumulation_steps")
+    )
+    assert plan.tokens_per_device == preset.block_size * batch
+    assert plan.tokens_per_step == 3 * preset.block_size * batch * accumulation
+    assert plan.kinds[0].counts.total == sum(
+        p.numel() for p in DiffTransformerForCausalLM(preset.model_config("diff")).parameters()
+    )
+
+
+def test_bad_setups_are_refused():
+    with pytest.raises(ValueError, match="world_size"):
+        ParallelSetup(world_size=0)
+    with pytest.raises(ValueError, match="hybrid_shard"):
+        ParallelSetup(fsdp=("hybrid_shard",))
+
+
+def test_plan_command_prints_counts_and_memory(capsys):
+    assert (
+        main(["plan", "--preset", "13.1b", "--world-size", "8", "--fsdp", "full_shard auto_wrap", "--bf16"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    total = count_parameters(get_preset("13.1b").model_config("diff")).total
+    assert f"{total:,}" in out
+    assert "2,097,152" in out  # 2048 tokens x 8 blocks x 16 accumulated x 8 processes
+    assert "--gradient-accumulation-steps 2" in out
+    for row in ("weights", "gradients", "optimizer state", "activations", "total"):
+        assert row in out
+
+
+def test_plan_command_refuses_bad_input(capsys):
+    assert main(["plan", "--preset", "micro", "--fsdp", "hybrid_shard"]) == 2
+    assert "difftransformer plan: error: fsdp" in capsys.readouterr().err
