@@ -111,7 +111,10 @@ def test_fsdp_run_killed_after_a_checkpoint_resumes_to_the_same_losses(tmp_path)
     assert killed.returncode != 0
     assert losses(split)[0] == [1, 2]
     assert not (split / "model.safetensors").exists()
+    (split / "checkpoint-3").mkdir()  # and a half-written save after it, to be set aside
+    (split / "checkpoint-3" / "config.json").write_text("{}")
     run_script(tmp_path, split, 4, "fsdp", "resume", processes=2)
+    assert (split / "incomplete-checkpoint-3" / "config.json").is_file()
     assert losses(split)[0] == [1, 2, 3, 4]
     assert losses(split)[1] == pytest.approx(losses(whole)[1], abs=1e-6)
     assert losses(split, "eval_loss")[1] == pytest.approx(losses(whole, "eval_loss")[1], abs=1e-6)

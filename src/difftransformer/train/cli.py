@@ -14,6 +14,7 @@ import dataclasses
 import os
 
 from difftransformer.models import ATTENTION_KINDS
+from difftransformer.train.lock import RunDirectoryLocked
 from difftransformer.train.pipeline import prepare_data
 from difftransformer.train.presets import PRESETS, RECIPE, Preset, get_preset
 from difftransformer.train.runner import is_main_process, train_model
@@ -97,15 +98,19 @@ def run(args: argparse.Namespace) -> int:
         pad_token_id=tokenizer.pad_token_id,
     )
     validation = data.validation_blocks[: preset.eval_blocks]
-    result = train_model(
-        config,
-        data.train_blocks,
-        validation,
-        tokenizer,
-        settings,
-        resume=args.resume,
-        progress_desc=args.attention,
-    )
+    try:
+        result = train_model(
+            config,
+            data.train_blocks,
+            validation,
+            tokenizer,
+            settings,
+            resume=args.resume,
+            progress_desc=args.attention,
+        )
+    except (FileExistsError, RunDirectoryLocked) as refusal:
+        # A folder that holds another run, or one being written: the user's to fix, like any bad input.
+        raise ValueError(str(refusal)) from None
     if is_main_process():
         print(
             f"{args.attention}: {result.parameters:,} parameters, {result.global_step} steps, validation loss "

@@ -21,7 +21,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from difftransformer.models import DiffTransformerConfig, DiffTransformerForCausalLM
 from difftransformer.ops import fused_cpu_available
-from difftransformer.storage import write_json
+from difftransformer.storage import read_json, write_json
 from difftransformer.train.callbacks import CsvMetrics, ProgressBar
 from difftransformer.train.checkpoints import CompletionMarker, checkpoints, last_good_checkpoint
 from difftransformer.train.fsdp_on_cpu import enable_fsdp_on_cpu
@@ -140,6 +140,9 @@ def train_model(
         lock.acquire()
     try:
         checkpoint = _checkpoint_to_resume(output_dir, resume)
+        finished = _finished_run(output_dir, checkpoint, args, tokenizer)
+        if finished is not None:
+            return finished
         set_seed(args.seed)  # the same initial weights for the same seed and config
         model = DiffTransformerForCausalLM(config)
         if config.attention == "diff" and args.device.type == "cpu":
@@ -162,9 +165,7 @@ def train_model(
         trainer.remove_callback(ProgressCallback)
         trainer.remove_callback(PrinterCallback)
         start = time.perf_counter()
-        first_step = 0
-        if checkpoint is not None:
-            first_step = int(checkpoint.name.rsplit("-", 1)[1])
+        first_step = 0 if checkpoint is None else _step(checkpoint)
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         seconds = time.perf_counter() - start
         evals = [entry["eval_loss"] for entry in trainer.state.log_history if "eval_loss" in entry]
@@ -185,6 +186,44 @@ def train_model(
     finally:
         if lock is not None:
             lock.release()
+
+
+def _step(checkpoint: Path) -> int:
+    return int(checkpoint.name.rsplit("-", 1)[1])
+
+
+def _finished_run(
+    output_dir: Path, checkpoint: Path | None, args: TrainingSettings, tokenizer: PreTrainedTokenizerBase
+) -> TrainResult | None:
+    """The result of a run whose newest finished checkpoint already reached ``args.max_steps`` (Trainer would
+    train one step more), or None. A run killed during its final save gets its final model from that checkpoint."""
+    if checkpoint is None or _step(checkpoint) < args.max_steps:
+        return None
+    if (output_dir / SUMMARY_JSON).is_file():
+        result = TrainResult(**read_json(output_dir / SUMMARY_JSON))
+        result.output_dir = Path(result.output_dir)
+    else:
+        model = DiffTransformerForCausalLM.from_pretrained(checkpoint)
+        history = read_json(checkpoint / "trainer_state.json")["log_history"]
+        evals = [entry["eval_loss"] for entry in history if "eval_loss" in entry]
+        result = TrainResult(
+            output_dir=output_dir,
+            parameters=sum(p.numel() for p in model.parameters()),
+            train_seconds=0.0,
+            tokens_per_second=0.0,
+            final_eval_loss=float(evals[-1]) if evals else math.nan,
+            global_step=_step(checkpoint),
+        )
+        if is_main_process():
+            model.save_pretrained(output_dir)
+            tokenizer.save_pretrained(output_dir)
+            write_json(output_dir / SUMMARY_JSON, asdict(result))
+    if is_main_process():
+        print(
+            f"{output_dir} is complete: {checkpoint.name} reached --max-steps {args.max_steps}; nothing to train "
+            "(raise --max-steps to train on)"
+        )
+    return result
 
 
 def _checkpoint_to_resume(output_dir: Path, resume: bool) -> Path | None:
