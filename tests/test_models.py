@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import safetensors.torch
@@ -322,3 +325,227 @@ def test_config_round_trips_through_json(tmp_path):
         "half",
         32,
     )
+
+
+@pytest.mark.parametrize("fields", ALL_KINDS, ids=variant_id)
+def test_return_dict_false_gives_tuples(fields):
+    model = random_model(seed=11, **fields)
+    ids = torch.randint(0, 97, (2, 6))
+    full = model(ids, labels=ids)
+    as_tuple = model(ids, labels=ids, return_dict=False)
+    assert isinstance(as_tuple, tuple)
+    torch.testing.assert_close(as_tuple[0], full.loss)
+    torch.testing.assert_close(as_tuple[1], full.logits)
+    model.config.return_dict = False
+    assert isinstance(model(ids), tuple) and isinstance(model.model(ids), tuple)
+    assert not isinstance(model(ids, return_dict=True), tuple)
+
+
+@pytest.mark.parametrize("fields", ALL_KINDS, ids=variant_id)
+def test_bfloat16_load_keeps_only_the_lambda_vectors_in_float32(fields, tmp_path):
+    """DIFF V1's lambda vectors stay float32 (their own module, so FSDP2 can group them); every other module's
+    parameters are uniformly bfloat16; lambda is still computed in float32."""
+    model = random_model(seed=12, dtype=torch.float32, **fields)
+    model.save_pretrained(tmp_path)
+    loaded = DiffTransformerForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    is_diff = fields["attention"] == "diff"
+    assert loaded._keep_in_fp32_modules_strict == ({"lambda_vectors"} if is_diff else set())
+    for name, module in loaded.named_modules():
+        dtypes = {p.dtype for p in module.parameters(recurse=False)}
+        if name.endswith("lambda_vectors"):
+            assert dtypes == {torch.float32}, name
+        elif dtypes:
+            assert dtypes == {torch.bfloat16}, name
+    if is_diff:
+        attn, original = loaded.model.layers[1].self_attn, model.model.layers[1].self_attn
+        assert attn.lambda_full().dtype == torch.float32
+        torch.testing.assert_close(attn.lambda_full(), original.lambda_full())
+        assert loaded(torch.randint(0, 97, (1, 5))).logits.dtype == torch.bfloat16
+
+
+def test_diff_v2_returned_maps_are_in_the_graph():
+    """The maps DIFF V2 returns are the ones its output is computed from: gradients reach them."""
+    model = random_model(seed=13, dtype=torch.float32, attention="diff_v2", num_attention_heads=4,
+                         num_key_value_heads=2)  # fmt: skip
+    ids = torch.randint(0, 97, (2, 6))
+    plain = model(ids).logits
+    out = model(ids, output_attentions=True)
+    torch.testing.assert_close(out.logits, plain, atol=1e-5, rtol=1e-5)
+    maps = out.attentions[0]
+    maps.retain_grad()
+    out.logits[:, -1].sum().backward()
+    assert maps.grad is not None and maps.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("fields", ALL_KINDS, ids=variant_id)
+def test_packed_documents_do_not_attend_across(fields):
+    """Several documents in one row, position_ids restarting at each (padding-free collators): every document's
+    logits equal running it alone, as transformers' Llama gives; without the restart they would not."""
+    model = random_model(seed=14, dtype=torch.float32, **fields)
+    docs = [torch.randint(0, 97, (n,)) for n in (5, 7, 4)]
+    ids = torch.cat(docs)[None]
+    positions = torch.cat([torch.arange(len(doc)) for doc in docs])[None]
+    packed = model(ids, position_ids=positions).logits[0]
+    start = 0
+    for doc in docs:
+        alone = model(doc[None]).logits[0]
+        torch.testing.assert_close(packed[start : start + len(doc)], alone, atol=1e-5, rtol=1e-5)
+        start += len(doc)
+    unpacked = model(ids).logits[0]  # consecutive positions: one document, attends across
+    assert not torch.allclose(unpacked[5:12], packed[5:12], atol=1e-3)
+
+
+ROPE_SCALINGS = [
+    dict(rope_type="linear", factor=4.0),
+    dict(rope_type="dynamic", factor=4.0),
+    dict(rope_type="yarn", factor=4.0),
+]
+
+
+@pytest.mark.parametrize("rope", ROPE_SCALINGS, ids=lambda r: r["rope_type"])
+def test_rope_scaling_matches_llama_with_the_same_weights(rope):
+    """The softmax kind with half rotary is Llama in our names: with a scaled RoPE both give the same logits,
+    and the scaling changes them as it changes Llama's (dynamic only past the trained length)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    fields = dict(attention="softmax", num_attention_heads=4, num_key_value_heads=2, rope_style="half",
+                  max_position_embeddings=16)  # fmt: skip
+    plain = random_model(seed=15, dtype=torch.float32, **fields)
+    scaled = random_model(
+        seed=15, dtype=torch.float32, rope_parameters={"rope_theta": 100.0, **rope}, **fields
+    )
+    config = scaled.config
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_hidden_layers=config.num_hidden_layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=config.rms_norm_eps,
+            max_position_embeddings=16,
+            rope_parameters=dict(config.rope_parameters),
+        )  # fmt: skip
+    ).eval()
+    llama.load_state_dict(scaled.state_dict(), strict=True)
+    short, long = torch.randint(0, 97, (1, 10)), torch.randint(0, 97, (1, 40))
+    for ids in (short, long):
+        torch.testing.assert_close(scaled(ids).logits, llama(ids).logits, atol=1e-5, rtol=1e-5)
+    plain_short = random_model(seed=15, dtype=torch.float32, rope_parameters={"rope_theta": 100.0}, **fields)
+    same_short = torch.allclose(scaled(short).logits, plain_short(short).logits, atol=1e-5)
+    assert same_short == (rope["rope_type"] == "dynamic")
+    assert not torch.allclose(scaled(long).logits, plain_short(long).logits, atol=1e-5)
+    assert plain.config.rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
+
+
+@pytest.mark.parametrize("fields", ALL_KINDS, ids=variant_id)
+def test_rope_scaling_applies_to_every_kind(fields):
+    ids = torch.randint(0, 97, (1, 40))
+    base = random_model(seed=16, dtype=torch.float32, max_position_embeddings=16, **fields)
+    scaled = random_model(seed=16, dtype=torch.float32, max_position_embeddings=16,
+                          rope_parameters={"rope_type": "linear", "factor": 2.0}, **fields)  # fmt: skip
+    assert not torch.allclose(base(ids).logits, scaled(ids).logits, atol=1e-4)
+    with pytest.raises(ValueError, match="rope_type"):
+        tiny_config(rope_parameters={"rope_type": "warp", "factor": 2.0})
+
+
+def test_old_configs_with_rope_theta_still_load():
+    config = tiny_config(rope_theta=500.0)
+    assert config.rope_parameters == {"rope_type": "default", "rope_theta": 500.0}
+
+
+@pytest.mark.parametrize("fields", ALL_KINDS, ids=variant_id)
+def test_attn_implementation_picks_the_backend_or_is_refused(fields, monkeypatch, tmp_path):
+    """ "eager" runs the materialized reference, "sdpa" (the default) the configured backend; an implementation we
+    do not have is refused, never ignored."""
+    dispatcher = sys.modules["difftransformer.ops.diff_attention"]
+    softmax_layer = sys.modules["difftransformer.layers.softmax_attention"]
+    chosen, reference_calls = [], []
+    choose, reference = dispatcher.choose_backend, softmax_layer.softmax_attention_reference
+    monkeypatch.setattr(dispatcher, "choose_backend", lambda *a: chosen.append(a[-1]) or choose(*a))
+    monkeypatch.setattr(
+        softmax_layer,
+        "softmax_attention_reference",
+        lambda *a, **kw: reference_calls.append(1) or reference(*a, **kw),
+    )
+    model = random_model(seed=17, dtype=torch.float32, attention_backend="blocked", **fields)
+    model.save_pretrained(tmp_path)
+    ids = torch.randint(0, 97, (1, 20))
+    fast = model(ids).logits
+    eager = DiffTransformerForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")
+    torch.testing.assert_close(eager(ids).logits, fast, atol=1e-5, rtol=1e-5)
+    if fields["attention"] == "diff":
+        assert chosen == ["blocked"] * 3 + ["reference"] * 3
+    else:
+        assert len(reference_calls) == 3  # eager's three layers; the sdpa run made none
+    eager.set_attn_implementation("sdpa")
+    torch.testing.assert_close(eager(ids).logits, fast, atol=1e-5, rtol=1e-5)
+    for refused in ("flash_attention_2", "foo") + (
+        () if fields["attention"] == "diff" else ("flex_attention",)
+    ):
+        with pytest.raises((ValueError, ImportError)):
+            DiffTransformerForCausalLM.from_pretrained(tmp_path, attn_implementation=refused)
+    model.config._attn_implementation = "flash_attention_2"  # set behind transformers' checks
+    with pytest.raises(ValueError, match="attn_implementation must be one of"):
+        model(ids)
+
+
+DISTRIBUTED_CHECK = """
+import sys, torch, torch.distributed as dist
+from transformers import AutoModelForCausalLM
+from transformers.distributed import DistributedConfig
+import difftransformer  # noqa: F401  (registers the Auto classes)
+
+folder, mode = sys.argv[1], sys.argv[2]
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+ids = torch.randint(0, 97, (2, 12))
+if mode == "fsdp":
+    # transformers' own FSDP2 (fully_shard per decoder layer; float32-kept modules in groups of their own)
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.bfloat16, distributed_config=DistributedConfig(fsdp_size=2)
+    )
+    lambdas = {p.dtype for n, p in model.named_parameters() if "lambda_vectors" in n}
+    others = {p.dtype for n, p in model.named_parameters() if "lambda_vectors" not in n}
+    assert lambdas == {torch.float32} and others == {torch.bfloat16}, (lambdas, others)
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters())
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    torch.testing.assert_close(loss.detach(), reference(ids, labels=ids).loss.detach(), atol=2e-2, rtol=0)
+else:
+    model = AutoModelForCausalLM.from_pretrained(folder, tp_plan="auto")
+    assert model.model.layers[0].self_attn.q_proj.weight.to_local().shape[0] * 2 == model.config.num_attention_heads * (
+        2 if model.config.attention == "diff_v2" else 1) * model.config.head_dim
+    with torch.no_grad():
+        got = model(ids).logits
+        want = AutoModelForCausalLM.from_pretrained(folder)(ids).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+print("ok", dist.get_rank(), flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "mode, fields",
+    [
+        ("fsdp", dict(attention="diff", num_key_value_heads=1)),
+        ("tp", dict(attention="diff", num_key_value_heads=2)),
+        ("tp", dict(attention="diff_v2", num_attention_heads=4, num_key_value_heads=2)),
+        ("tp", dict(attention="softmax", num_attention_heads=4, num_key_value_heads=2)),
+    ],
+)
+def test_two_process_fsdp2_bfloat16_and_tensor_parallel(mode, fields, tmp_path):
+    """On 2 CPU processes (gloo): transformers' FSDP2 trains DIFF V1 in bfloat16 with its float32 lambda vectors
+    (their own shard group), and ``tp_plan="auto"`` splits every kind's heads across shards with the logits of
+    one process."""
+    random_model(seed=1, dtype=torch.float32, **fields).save_pretrained(tmp_path / "model")
+    (tmp_path / "check.py").write_text(DISTRIBUTED_CHECK)
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(tmp_path / "check.py"),
+         str(tmp_path / "model"), mode],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert result.returncode == 0 and result.stdout.count("ok") == 2, result.stderr[-3000:]

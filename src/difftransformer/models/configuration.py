@@ -7,7 +7,7 @@ import math
 import os
 
 from transformers import PreTrainedConfig
-from transformers.modeling_rope_utils import RopeParameters
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, RopeParameters
 
 from difftransformer.layers import ROPE_STYLES, SUBLN_MODES
 from difftransformer.ops import BACKENDS as ATTENTION_BACKENDS
@@ -132,6 +132,12 @@ class DiffTransformerConfig(PreTrainedConfig):
         if self.map_head_dim % 2:
             raise ValueError(
                 f"the rotary width (the maps' head dim d = hidden_size / {maps} = {self.map_head_dim}) must be even"
+            )
+        rope_type = self.rope_parameters.get("rope_type")
+        if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
+            raise ValueError(
+                f"rope_parameters['rope_type'] must be 'default' or one of {sorted(ROPE_INIT_FUNCTIONS)}; "
+                f"got {rope_type!r}"
             )
         self.validate_rope()
         if isinstance(self.lambda_init, str):

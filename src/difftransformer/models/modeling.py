@@ -345,6 +345,8 @@ class DiffTransformerForCausalLM(DiffTransformerPreTrainedModel, GenerationMixin
     """:class:`DiffTransformerModel` with a language-model head; ``generate`` works as for Llama."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}
+    _fsdp_plan = {"lm_head": "keep_full_weight"}
 
     def __init__(self, config: DiffTransformerConfig) -> None:
         super().__init__(config)
