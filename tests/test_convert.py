@@ -55,6 +55,19 @@ def test_to_diffllama_matches_logits_with_the_gain_folded(fields):
     torch.testing.assert_close(diffllama(ids).logits, ours(ids).logits, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("rope", [dict(rope_type="linear", factor=4.0), dict(rope_type="yarn", factor=4.0)])
+def test_rope_scaling_converts_with_the_model(rope):
+    """A scaled RoPE goes across as it is: the same logits past the trained length, both ways."""
+    ours = random_model(seed=5, dtype=torch.float32, num_key_value_heads=1, max_position_embeddings=16,
+                        rope_parameters={"rope_theta": 1000.0, **rope})  # fmt: skip
+    ids = torch.randint(0, 97, (1, 40))
+    diffllama = to_diffllama(ours)
+    assert diffllama.config.rope_parameters["rope_type"] == rope["rope_type"]
+    torch.testing.assert_close(diffllama(ids).logits, ours(ids).logits, atol=2e-5, rtol=1e-5)
+    back = from_diffllama(diffllama, rope_style="interleaved")
+    torch.testing.assert_close(back(ids).logits, ours(ids).logits, atol=2e-5, rtol=1e-5)
+
+
 def test_plain_model_round_trips_to_identical_tensors():
     ours = random_model(seed=4, dtype=torch.float32, subln="plain", num_key_value_heads=1)
     back = from_diffllama(to_diffllama(ours), rope_style="interleaved").state_dict()

@@ -1,8 +1,8 @@
 """Exact conversion between our DIFF V1 models and transformers' DiffLlama.
 
-Both compute the same function in different layouts (SPEC §2). DiffLlama counts the 2h component heads in
-``num_attention_heads`` and stacks all first maps before all second maps (component head j pairs with j + h,
-KV head g with g + h_kv); ours keeps each head's two maps adjacent. DiffLlama rotates halves, has no gain on
+Both compute the same function in different layouts (docs/architecture.md, "Head layout"). DiffLlama counts the
+2h component heads in ``num_attention_heads`` and stacks all first maps before all second maps (component head j
+pairs with j + h, KV head g with g + h_kv); ours keeps each head's two maps adjacent. DiffLlama rotates halves, has no gain on
 its per-head norm (``groupnorm``), uses the depth lambda_init and one eps for every RMSNorm. Conversion is a
 permutation of q/k/v rows (plus, for interleaved rotary, of the rows inside each map), and folding our
 per-head norm gain into o_proj's columns: exact to rounding.
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from transformers import DiffLlamaConfig, DiffLlamaForCausalLM
+from transformers.core_model_loading import revert_weight_conversion
 
 from difftransformer.layers import interleaved_to_half_permutation
 from difftransformer.models import DiffTransformerConfig, DiffTransformerForCausalLM
@@ -50,9 +51,6 @@ def check_diffllama_config(config: DiffLlamaConfig) -> None:
             f"head_dim must equal hidden_size / num_attention_heads = {config.hidden_size // heads}; "
             f"got {config.head_dim}"
         )
-    rope = config.rope_parameters or {}
-    if rope.get("rope_type", "default") != "default":
-        raise ConversionError(f"rope_parameters.rope_type must be 'default'; got {rope.get('rope_type')!r}")
     if config.hidden_act != "silu":
         raise ConversionError(f"hidden_act must be 'silu' (SwiGLU); got {config.hidden_act!r}")
     if config.attention_bias:
@@ -102,7 +100,7 @@ def from_diffllama(
         lambda_init="depth",
         lambda_std=src.lambda_std_dev,
         rms_norm_eps=src.rms_norm_eps,
-        rope_theta=(src.rope_parameters or {}).get("rope_theta", 10000.0),
+        rope_parameters=dict(src.rope_parameters or {"rope_type": "default", "rope_theta": 10000.0}),
         max_position_embeddings=src.max_position_embeddings,
         initializer_range=src.initializer_range,
         tie_word_embeddings=src.tie_word_embeddings,
@@ -145,7 +143,7 @@ def to_diffllama(model: DiffTransformerForCausalLM) -> DiffLlamaForCausalLM:
             raise ConversionError(
                 f"{field} must be {expected} to convert to DiffLlama; got {getattr(config, field)!r}"
             )
-    heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.map_head_dim
     target = DiffLlamaConfig(
         vocab_size=config.vocab_size,
         hidden_size=config.hidden_size,
@@ -158,7 +156,7 @@ def to_diffllama(model: DiffTransformerForCausalLM) -> DiffLlamaForCausalLM:
         max_position_embeddings=config.max_position_embeddings,
         initializer_range=config.initializer_range,
         rms_norm_eps=config.rms_norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+        rope_parameters=dict(config.rope_parameters),
         lambda_std_dev=config.lambda_std,
         tie_word_embeddings=config.tie_word_embeddings,
         pad_token_id=config.pad_token_id,
@@ -168,7 +166,7 @@ def to_diffllama(model: DiffTransformerForCausalLM) -> DiffLlamaForCausalLM:
     interleaved_to_half = interleaved_to_half_permutation(head_dim)
     state = {}
     with torch.no_grad():
-        for name, tensor in model.state_dict().items():
+        for name, tensor in revert_weight_conversion(model, model.state_dict()).items():  # checkpoint names
             if name.endswith("self_attn.subln.weight"):
                 continue
             if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
