@@ -128,6 +128,7 @@ class DiffAttention(nn.Module):
         return self.lambda_vectors(self.lambda_init)
 
     def train(self, mode: bool = True) -> DiffAttention:
+        """nn.Module.train, forgetting the remembered inference lambda."""
         # Optimizers may update the weights without bumping their version counters (e.g. through .data):
         # every switch between training and evaluation forgets the remembered lambda.
         self._lambda_memo = None

@@ -17,4 +17,5 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., hidden) -> (..., hidden)."""
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
