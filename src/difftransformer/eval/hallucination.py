@@ -18,9 +18,9 @@ newline); docs/evaluation.md ("Contextual hallucination") gives the templates an
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -398,7 +398,7 @@ def _paper_numbers(table: dict[str, tuple[float, float]]) -> str:
     return ", ".join(f"{name} {base:.2f} / {diff:.2f}" for name, (base, diff) in table.items())
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class HallucinationLight(LightSettings):
     """hallucination in a comparison: 3 depths x 2 distractor counts x 4 = 24 QA items about three attribute
     kinds (the counts whose prompts do not fit the context are dropped), and 4 short summaries of BBC News
@@ -539,25 +539,17 @@ class HallucinationTask(Task):
         return options
 
     def light_options(self, light: HallucinationLight, suite: SuiteContext) -> dict:
+        settings = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(light).items()}
         options = dict(
-            families=list(light.families),
-            depths=list(light.depths),
-            samples=light.samples,
-            attributes=list(light.attributes),
-            qa_max_new_tokens=light.qa_max_new_tokens,
+            settings,
             qa_template=QA_TEMPLATE,
-            documents=light.documents,
-            summaries=light.summaries,
-            article_words=light.article_words,
             fit_context=suite.context_length,
-            summary_max_new_tokens=light.summary_max_new_tokens,
             summary_template=SUMMARY_TEMPLATE,
             judge="entities",
             judge_dtype="float32",
             cache_dir=None,
             seed=suite.seed,
         )
-        options["distractors"] = list(light.distractors)
         check_settings(**options)
         if "qa" in light.families:
             options["distractors"] = fitting_distractors(
