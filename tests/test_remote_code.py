@@ -92,6 +92,9 @@ for kind in json.loads(sys.argv[3]):
     )
 tokenizer = AutoTokenizer.from_pretrained(os.path.join(work, "diff"), trust_remote_code=True)
 report["token_ids"] = tokenizer(inputs["text"])["input_ids"]
+# A tokenizer folder alone (prepare's output, compare's tokenizer/) needs no flag at all.
+alone = AutoTokenizer.from_pretrained(os.path.join(work, "tokenizer"))
+report["token_ids_alone"] = alone(inputs["text"])["input_ids"]
 torch.save(report, os.path.join(work, "report.pt"))
 """
 
@@ -123,6 +126,7 @@ def test_folders_load_and_generate_without_the_package(tmp_path):
         # In a process that has the package, the folder still opens with the package's own classes.
         assert type(AutoModelForCausalLM.from_pretrained(tmp_path / kind)) is DiffTransformerForCausalLM
     tokenizer.save_pretrained(tmp_path / "diff")
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
 
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
     done = subprocess.run(
@@ -146,7 +150,7 @@ def test_folders_load_and_generate_without_the_package(tmp_path):
         torch.testing.assert_close(got["hidden"], want["hidden"], atol=1e-5, rtol=0)
         torch.testing.assert_close(got["logits_again"], got["logits"], atol=0, rtol=0)
         assert torch.equal(got["generated"], want["generated"]), kind
-    assert report["token_ids"] == tokenizer(text)["input_ids"]
+    assert report["token_ids"] == report["token_ids_alone"] == tokenizer(text)["input_ids"]
     for word in ("kernel", "compil", "warn"):
         assert word not in done.stderr.lower(), done.stderr[-2000:]
 

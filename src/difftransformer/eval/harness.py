@@ -2,9 +2,9 @@
 
 Every folder we save carries its model code (docs/sharing.md), so lm-eval's own ``hf`` model opens it with
 ``trust_remote_code=True``; nothing here re-implements the harness. ``difftransformer lm-eval ARGS`` is
-lm-eval's command line with ``--trust_remote_code`` added; :func:`run_harness` runs tasks on a folder through
-lm-eval's ``HFLM`` and returns the metrics per task. lm-eval is an optional dependency
-(``pip install 'difftransformer[lmeval]'``). The harness scores windows of up to the model's
+lm-eval's command line with ``trust_remote_code=True`` added to its model arguments; :func:`run_harness` runs
+tasks on a folder through lm-eval's ``HFLM`` and returns the metrics per task. lm-eval is an optional
+dependency (``pip install 'difftransformer[lmeval]'``). The harness scores windows of up to the model's
 ``max_position_embeddings`` tokens (docs/evaluation.md, "lm-evaluation-harness").
 """
 
@@ -30,20 +30,22 @@ def _require_lm_eval() -> None:
 
 def lm_eval_argv(argv: Sequence[str]) -> list[str]:
     """lm-eval's arguments for a ``difftransformer lm-eval`` command line: ``run`` made explicit and
-    ``--trust_remote_code`` added to it (our folders carry their code); ``ls``, ``validate`` and help as given."""
+    ``trust_remote_code=True`` added to its ``--model_args`` (our folders carry their code; lm-eval's own
+    ``--trust_remote_code`` flag would also let dataset scripts run), unless the arguments already say
+    something about it; ``ls``, ``validate`` and help as given."""
     args = list(argv)
     if not args or args[0] in ("-h", "--help") or args[0] in LM_EVAL_SUBCOMMANDS[1:]:
         return args
     if args[0] != "run":
         args.insert(0, "run")
-    if len(args) > 1 and "--trust_remote_code" not in args:
-        args.append("--trust_remote_code")
+    if len(args) > 1 and not any("trust_remote_code" in arg for arg in args):
+        args += ["--model_args", "trust_remote_code=True"]  # merged with the user's --model_args
     return args
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = (
-        "lm-evaluation-harness's own command line on our folders (lm-eval --trust_remote_code ...); "
+        "lm-evaluation-harness's own command line on our folders, trust_remote_code=True added to --model_args; "
         "e.g. difftransformer lm-eval --model_args pretrained=runs/demo/diff --tasks hellaswag. "
         "`difftransformer lm-eval --help` shows lm-eval's options."
     )
