@@ -50,6 +50,9 @@ def _tasks(text: str) -> tuple[str, ...]:
 def configure(parser: argparse.ArgumentParser) -> None:
     """The comparison's options, then the preset, data and training options shared with ``train``."""
     needle_samples = get_task("needle").light.samples
+    parser.usage = (
+        "%(prog)s [--output-dir DIR] [--preset NAME] [--variants KINDS] [--seeds SEEDS] [OPTION ...]"
+    )
     own = parser.add_argument_group("comparison")
     own.add_argument("--output-dir", default="runs/compare", help="report folder (default: runs/compare)")
     own.add_argument(
@@ -116,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--needle-samples must be >= 1 (leave needle out of --tasks to skip it); got {args.needle_samples}"
         )
-    training = training_options(args)
+    # --output-dir is the report's folder here; every run gets its own under it.
+    training = {name: value for name, value in training_options(args).items() if name != "output_dir"}
     # Every training option is checked now, before any work (each run builds its own with its folder and seed).
     preset.training_settings(output_dir=os.path.join(args.output_dir, "runs"), **training)
     data_options = DataOptions(**given(args, DataOptions))

@@ -39,6 +39,7 @@ def add_recipe_options(parser: argparse.ArgumentParser, *, exclude: frozenset[st
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """``train``'s own options, then the shared ones."""
+    parser.usage = "%(prog)s --output-dir DIR [--preset NAME] [--attention KIND] [--resume] [OPTION ...]"
     run = parser.add_argument_group("run")
     run.add_argument(
         "--attention",

@@ -92,23 +92,36 @@ class PresetOptions:
 
     _argument_group_name = "preset and model"
 
-    preset: str = field(default="tiny", metadata={"help": "model size and training recipe (see below)"})
-    block_size: int | None = field(default=None, metadata={"help": "tokens per training sequence"})
+    preset: str = field(
+        default="tiny",
+        metadata={"help": "model size and training recipe, one of those listed below (default: tiny)"},
+    )
+    block_size: int | None = field(
+        default=None, metadata={"help": "tokens per training sequence (default: the preset's)"}
+    )
     vocab_size: int | None = field(
         default=None,
-        metadata={"help": "vocabulary of the BPE tokenizer trained on the data (not with --tokenizer)"},
+        metadata={
+            "help": "vocabulary of the BPE tokenizer trained on the data, not with --tokenizer (default: the preset's)"
+        },
     )
     eval_blocks: int | None = field(
         default=None,
-        metadata={"help": "validation blocks of the periodic evaluation (the preset's; all if none)"},
+        metadata={
+            "help": "validation blocks of the periodic evaluation (default: the preset's; all if it sets none)"
+        },
     )
     needle_fraction: float | None = field(
         default=None,
-        metadata={"help": "share of training blocks replaced by multi-needle retrieval examples"},
+        metadata={
+            "help": "share of training blocks replaced by multi-needle retrieval examples (default: the preset's)"
+        },
     )
     needle_digits: int | None = field(
         default=None,
-        metadata={"help": "digits of the magic numbers in the retrieval examples and their evaluation"},
+        metadata={
+            "help": "digits of the magic numbers in the retrieval blocks and their evaluation (default: the preset's)"
+        },
     )
     max_position_embeddings: int | None = field(
         default=None,
