@@ -78,10 +78,10 @@ class Watch(TrainerCallback):
         return control
 
 
-def run(data, preset, settings, monkeypatch) -> Watch:
+def run(data, preset, settings, monkeypatch, attention: str = "diff") -> Watch:
     tokenizer, train, val = data
     watch = Watch(monkeypatch)
-    config = preset.model_config("diff", vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id)
+    config = preset.model_config(attention, vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id)
     train_model(config, train, val, tokenizer, settings, callbacks=[watch])
     return watch
 
@@ -121,7 +121,8 @@ def test_gradient_checkpointing_recomputes_every_layer(tmp_path, data, monkeypat
 def test_bf16_on_cpu_computes_in_bfloat16(tmp_path, data, monkeypatch):
     preset, settings = settings_from("--bf16", output_dir=tmp_path)
     assert settings.bf16 and settings.use_cpu
-    watch = run(data, preset, settings, monkeypatch)
+    # The softmax arm: DIFF V1 under CPU autocast waits on the ops' kernel choice (test_train_precision's xfail).
+    watch = run(data, preset, settings, monkeypatch, attention="softmax")
     assert watch.dtypes == {torch.bfloat16}  # autocast: float32 weights, bfloat16 compute
     weights = json.loads((tmp_path / "train_summary.json").read_text())
     assert weights["global_step"] == 2
