@@ -188,7 +188,6 @@ def test_data_is_prepared_with_the_seed_flag(command, tmp_path, monkeypatch):
         seen.update(kwargs)
         raise FileNotFoundError("stopped before any work")
 
-    module = "difftransformer.compare.cli" if command == "compare" else "difftransformer.train.cli"
-    monkeypatch.setattr(f"{module}.prepare_data", stop)
+    monkeypatch.setattr("difftransformer.train.pipeline.prepare_data", stop)
     assert main([command, "--output-dir", str(tmp_path), "--seed", "7", "--preset", "micro"]) == 2
     assert seen["seed"] == 7 and seen["needle_digits"] == get_preset("micro").needle_digits

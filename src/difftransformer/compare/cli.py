@@ -16,7 +16,7 @@ from difftransformer.eval.needle import parse_needle_configs
 from difftransformer.eval.registry import TASKS, get_task, parse_tasks
 from difftransformer.models import ATTENTION_KINDS
 from difftransformer.train.cli import add_recipe_options, resolved_preset, training_options
-from difftransformer.train.pipeline import prepare_data
+from difftransformer.train.pipeline import prepare_preset_data
 from difftransformer.train.settings import DataOptions, given
 
 
@@ -123,17 +123,7 @@ def run(args: argparse.Namespace) -> int:
     training = {name: value for name, value in training_options(args).items() if name != "output_dir"}
     # Every training option is checked now, before any work (each run builds its own with its folder and seed).
     preset.training_settings(output_dir=os.path.join(args.output_dir, "runs"), **training)
-    data_options = DataOptions(**given(args, DataOptions))
-    data = prepare_data(
-        data=data_options.data,
-        tokenizer_path=data_options.tokenizer,
-        vocab_size=preset.vocab_size,
-        block_size=preset.block_size,
-        needle_fraction=preset.needle_fraction,
-        needle_digits=preset.needle_digits,
-        seed=training["seed"],
-        cache_dir=data_options.cache_dir,
-    )
+    data = prepare_preset_data(preset, DataOptions(**given(args, DataOptions)), training["seed"])
     markdown = run_comparison(data, preset, args, training)
     print(f"report: {os.path.abspath(markdown)}")
     print(f"        {os.path.abspath(markdown.with_suffix('.html'))}")

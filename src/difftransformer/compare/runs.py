@@ -72,15 +72,8 @@ def train_and_evaluate(
     tokenizer = data.tokenizer
     run_settings = preset.training_settings(**{**training, "output_dir": str(folder), "seed": seed})
     if not (folder / SUMMARY_JSON).is_file():
-        config = preset.model_config(
-            variant,
-            vocab_size=len(tokenizer),
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
         train_model(
-            config,
+            preset.model_for(variant, tokenizer),
             data.train_blocks,
             data.validation_blocks[: preset.eval_blocks],
             tokenizer,

@@ -15,7 +15,7 @@ import os
 
 from difftransformer.models import ATTENTION_KINDS
 from difftransformer.train.lock import RunDirectoryLocked
-from difftransformer.train.pipeline import prepare_data
+from difftransformer.train.pipeline import prepare_preset_data
 from difftransformer.train.presets import PRESETS, RECIPE, Preset, get_preset
 from difftransformer.train.runner import is_main_process, train_model
 from difftransformer.train.settings import DataOptions, PresetOptions, TrainingSettings, add_options, given
@@ -79,32 +79,13 @@ def run(args: argparse.Namespace) -> int:
     """Prepare the data, train, print a one-line summary."""
     preset = resolved_preset(args)
     settings = preset.training_settings(**training_options(args))
-    data_options = DataOptions(**given(args, DataOptions))
-    data = prepare_data(
-        data=data_options.data,
-        tokenizer_path=data_options.tokenizer,
-        vocab_size=preset.vocab_size,
-        block_size=preset.block_size,
-        needle_fraction=preset.needle_fraction,
-        needle_digits=preset.needle_digits,
-        seed=settings.seed,
-        cache_dir=data_options.cache_dir,
-    )
-    tokenizer = data.tokenizer
-    config = preset.model_config(
-        args.attention,
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    validation = data.validation_blocks[: preset.eval_blocks]
+    data = prepare_preset_data(preset, DataOptions(**given(args, DataOptions)), settings.seed)
     try:
         result = train_model(
-            config,
+            preset.model_for(args.attention, data.tokenizer),
             data.train_blocks,
-            validation,
-            tokenizer,
+            data.validation_blocks[: preset.eval_blocks],
+            data.tokenizer,
             settings,
             resume=args.resume,
             progress_desc=args.attention,

@@ -9,7 +9,9 @@ from pathlib import Path
 import torch
 
 from difftransformer.data import load_corpus, load_tokenizer, packed_blocks, train_tokenizer
+from difftransformer.train.presets import Preset
 from difftransformer.train.retrieval import mix_in, needle_training_blocks
+from difftransformer.train.settings import DataOptions
 
 
 @dataclass
@@ -35,7 +37,7 @@ def prepare_data(
     needle_fraction: float,
     needle_digits: int = 6,
     seed: int = 0,
-    cache_dir: Path | None = None,
+    cache_dir: str | Path | None = None,
 ) -> PreparedData:
     """Load ``data`` (None: the built-in Shakespeare), train a byte-level BPE on its training split (or load
     ``tokenizer_path``), pack every split into blocks, and replace ``needle_fraction`` of the training blocks with
@@ -63,4 +65,19 @@ def prepare_data(
         test_texts=list(corpus.test),
         needle_blocks=count,
         corpus_name=corpus.name,
+    )
+
+
+def prepare_preset_data(preset: Preset, options: DataOptions, seed: int) -> PreparedData:
+    """:func:`prepare_data` for a run of ``preset`` (its vocabulary, block size and retrieval mix) on the data and
+    tokenizer ``options`` name, drawn with ``seed`` (``train`` and ``compare`` alike)."""
+    return prepare_data(
+        data=options.data,
+        tokenizer_path=options.tokenizer,
+        vocab_size=preset.vocab_size,
+        block_size=preset.block_size,
+        needle_fraction=preset.needle_fraction,
+        needle_digits=preset.needle_digits,
+        seed=seed,
+        cache_dir=options.cache_dir,
     )

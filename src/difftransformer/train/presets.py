@@ -86,6 +86,16 @@ class Preset:
             return baseline
         return dataclasses.replace(baseline, attention="diff_v2")
 
+    def model_for(self, attention: str, tokenizer: Any) -> DiffTransformerConfig:
+        """:meth:`model_config` for text from ``tokenizer``: its vocabulary size and special-token ids."""
+        return self.model_config(
+            attention,
+            vocab_size=len(tokenizer),
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+
     def with_training(self, **overrides: Any) -> Preset:
         """This preset with ``overrides`` of its training settings."""
         return dataclasses.replace(self, training={**self.training, **overrides})
@@ -94,6 +104,10 @@ class Preset:
         """The :class:`TrainingSettings` of a run of this preset: its training overrides, then ``fields`` (at
         least ``output_dir``)."""
         return TrainingSettings(**{**self.training, **fields})
+
+
+def _recipe(**changes: Any) -> dict[str, Any]:
+    return {**RECIPE, **changes}
 
 
 def _paper(
@@ -122,82 +136,34 @@ def _paper(
         save_steps=1000,
     )
     schedule.update(training)
-    return Preset(
-        name=name, hidden_size=hidden, num_hidden_layers=layers, diff_heads=heads,
-        training={**RECIPE, **schedule}, **recipe,
-    )  # fmt: skip
+    return Preset(name, hidden, layers, heads, training=_recipe(**schedule), **recipe)
 
 
+# Columns: name, hidden_size, num_hidden_layers, diff_heads, intermediate_size, block_size; then the rest by name.
 PRESETS: dict[str, Preset] = {
     preset.name: preset
     for preset in (
-        Preset(
-            name="micro",
-            hidden_size=32,
-            num_hidden_layers=2,
-            diff_heads=2,
-            intermediate_size=64,
-            block_size=256,
-            vocab_size=320,
-            eval_blocks=8,
-            needle_fraction=0.25,
-            description="seconds-long smoke test (used by the tests)",
-            training={**RECIPE, **dict(
-                max_steps=6, per_device_train_batch_size=4, learning_rate=3e-3, warmup_steps=2, logging_steps=1,
-                eval_steps=3, save_steps=3,
-            )},
-        ),
-        Preset(
-            name="tiny",
-            hidden_size=128,
-            num_hidden_layers=4,
-            diff_heads=2,
-            intermediate_size=384,
-            block_size=256,
-            vocab_size=4096,
-            eval_blocks=32,
-            needle_fraction=0.5,
-            needle_digits=3,
-            description="the CPU demo (make demo): minutes on 2 cores, with multi-needle retrieval blocks mixed in",
-            training={**RECIPE, **dict(
-                max_steps=500, per_device_train_batch_size=8, learning_rate=2e-3, warmup_steps=30, logging_steps=10,
-                eval_steps=100, save_steps=250,
-            )},
-        ),
-        Preset(
-            name="small",
-            hidden_size=384,
-            num_hidden_layers=6,
-            diff_heads=3,
-            intermediate_size=None,
-            block_size=512,
-            vocab_size=8192,
-            eval_blocks=128,
-            needle_fraction=0.15,
-            description="one GPU for under an hour, or a long CPU run",
-            training={**RECIPE, **dict(
-                max_steps=3000, per_device_train_batch_size=16, learning_rate=1e-3, warmup_steps=200,
-                logging_steps=20, eval_steps=250, save_steps=500,
-            )},
-        ),
+        Preset("micro", 32, 2, 2, 64, 256, vocab_size=320, eval_blocks=8, needle_fraction=0.25,
+               description="seconds-long smoke test (used by the tests)",
+               training=_recipe(max_steps=6, per_device_train_batch_size=4, learning_rate=3e-3, warmup_steps=2,
+                                logging_steps=1, eval_steps=3, save_steps=3)),
+        Preset("tiny", 128, 4, 2, 384, 256, vocab_size=4096, eval_blocks=32, needle_fraction=0.5, needle_digits=3,
+               description="the CPU demo (make demo): minutes on 2 cores, with multi-needle retrieval blocks mixed in",
+               training=_recipe(max_steps=500, per_device_train_batch_size=8, learning_rate=2e-3, warmup_steps=30,
+                                logging_steps=10, eval_steps=100, save_steps=250)),
+        Preset("small", 384, 6, 3, None, 512, vocab_size=8192, eval_blocks=128, needle_fraction=0.15,
+               description="one GPU for under an hour, or a long CPU run",
+               training=_recipe(max_steps=3000, per_device_train_batch_size=16, learning_rate=1e-3,
+                                warmup_steps=200, logging_steps=20, eval_steps=250, save_steps=500)),
         _paper("830m", 1536, 24, 8),
         _paper("1.4b", 2048, 24, 8),
         _paper("2.8b", 2560, 32, 10),
         _paper("6.8b", 4096, 32, 16),
         _paper("13.1b", 5120, 40, 20),
-        _paper(
-            "3b",
-            3072,
-            28,
-            12,
-            intermediate_size=8192,
-            block_size=4096,
-            description="paper 3B: d_model 3072, 28 layers, 12 DIFF / 24 Transformer heads (dim 128), FFN 8192",
-            training=dict(
-                per_device_train_batch_size=4, gradient_accumulation_steps=16, learning_rate=3.2e-4,
-                warmup_steps=1000, weight_decay=0.1, adam_beta2=0.95,
-            ),
-        ),
+        _paper("3b", 3072, 28, 12, intermediate_size=8192, block_size=4096,
+               description="paper 3B: d_model 3072, 28 layers, 12 DIFF / 24 Transformer heads (dim 128), FFN 8192",
+               training=dict(per_device_train_batch_size=4, gradient_accumulation_steps=16, learning_rate=3.2e-4,
+                             warmup_steps=1000, weight_decay=0.1, adam_beta2=0.95)),
     )
 }  # fmt: skip
 
