@@ -211,5 +211,17 @@ def test_unshippable_imports_are_refused_with_the_reason(tmp_path, monkeypatch):
     code = remote_code.model_code()["entry.py"]
     assert code.splitlines()[1:] == ["def f():", "    from .helper import VALUE", "", ""]
     compile(code, "entry.py", "exec")
+    # Shared last names: every module but the entry one takes its dotted path; a package's __init__ its name.
+    for sub in ("a", "b"):
+        (package / sub).mkdir()
+        (package / sub / "__init__.py").write_text("from difftransformer_probe.a.entry import X as X\n")
+        (package / sub / "entry.py").write_text("X = 1\n")
+    (package / "entry.py").write_text(
+        "from difftransformer_probe.a import X\nfrom difftransformer_probe.b.entry import X as Y\n"
+    )
+    code = remote_code.model_code()
+    assert sorted(code) == ["a.py", "a_entry.py", "b_entry.py", "entry.py"]
+    assert code["entry.py"].splitlines()[1:] == ["from .a import X", "from .b_entry import X as Y"]
+    assert code["a.py"].splitlines()[1:] == ["from .a_entry import X as X"]
     for name in [name for name in sys.modules if name.startswith("difftransformer_probe")]:
         monkeypatch.delitem(sys.modules, name)

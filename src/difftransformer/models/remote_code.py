@@ -132,10 +132,12 @@ def _file_stems(names: list[str]) -> dict[str, str]:
     def below_package(name: str) -> list[str]:
         return name.split(".")[1:] or [PACKAGE]
 
-    stems = {name: below_package(name)[-1] for name in names}
-    for name in names:
-        if name not in ENTRY_MODULES and list(stems.values()).count(stems[name]) > 1:
-            stems[name] = "_".join(below_package(name))
+    leaves = {name: below_package(name)[-1] for name in names}
+    shared = {leaf for leaf in leaves.values() if list(leaves.values()).count(leaf) > 1}
+    stems = {
+        name: "_".join(below_package(name)) if leaf in shared and name not in ENTRY_MODULES else leaf
+        for name, leaf in leaves.items()
+    }
     clashes = {stem for stem in stems.values() if list(stems.values()).count(stem) > 1}
     bad = sorted(stem for stem in stems.values() if keyword.iskeyword(stem) or not stem.isidentifier())
     if clashes or bad:
