@@ -13,6 +13,7 @@ import difftransformer  # noqa: F401  (registers the "difftransformer" model typ
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    """``generate``'s options."""
     parser.add_argument(
         "model", help="a trained run folder (or checkpoint-N folder) holding config, weights and tokenizer"
     )
@@ -35,6 +36,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def check(args: argparse.Namespace) -> None:
+    """Refuse bad options (a ValueError naming the flag) before anything is loaded."""
     if not (Path(args.model) / "config.json").is_file():
         raise ValueError(f"model must be a folder with config.json (a trained run); got {args.model!r}")
     if args.max_new_tokens < 1:
@@ -63,6 +65,7 @@ def generate_text(model, tokenizer, prompt: str, args: argparse.Namespace) -> st
 
 
 def run(args: argparse.Namespace) -> int:
+    """Load the folder, continue the prompt (or standard input), print prompt and continuation."""
     check(args)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(args.model, local_files_only=True).eval()

@@ -12,6 +12,7 @@ from difftransformer.data.tokenizer import load_tokenizer, save_tokenizer, train
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    """``prepare``'s options."""
     parser.add_argument(
         "--data",
         nargs="+",
@@ -72,6 +73,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Load the corpus, train or load the tokenizer, pack and cache every split, print their sizes."""
     corpus = load_corpus(
         args.data,
         cache_dir=args.cache_dir,

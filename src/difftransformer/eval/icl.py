@@ -58,6 +58,7 @@ class LabelledData:
 
     @property
     def labels(self) -> list[str]:
+        """The class names, sorted."""
         return sorted(set(self.targets))
 
 

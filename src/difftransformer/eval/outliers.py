@@ -67,6 +67,7 @@ class RunningStats:
         return float(10 ** (self.log_low + (index + 0.5) * width))
 
     def summary(self, top_ks: Sequence[int] = TOP_KS) -> dict:
+        """{"topK": K-th largest |x| for each K seen, "median": approximate median, "count": values seen}."""
         out = {f"top{k}": self.top_k(k) for k in top_ks if k <= self.top.numel()}
         out.update(median=self.median(), count=self.count)
         return out

@@ -34,8 +34,8 @@ class SuiteSettings:
         needles: the N:R configurations of needle and of quant's needle check.
         seed: every task's draws (the same samples for every model).
         light: per task, overrides of its light settings (e.g. ``{"needle": {"samples": 1}}``); every other
-            setting keeps the task's default (its ``light`` attribute). The defaults together took 16-18 s per
-            model of the tiny preset on two idle CPU cores (docs/performance.md).
+            setting keeps the task's default (its ``light`` attribute); docs/performance.md says what the defaults
+            cost.
     """
 
     tasks: tuple[str, ...] = TASKS

@@ -32,6 +32,7 @@ class RunLock:
         self.held = False
 
     def acquire(self) -> RunLock:
+        """Take the lock, or raise :class:`RunDirectoryLocked` naming the live process that holds it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(2):
             try:
@@ -61,6 +62,7 @@ class RunLock:
             return None
 
     def release(self) -> None:
+        """Give the lock up (only if this process holds it)."""
         if self.held and self._owner() == os.getpid():
             self.path.unlink(missing_ok=True)
         self.held = False

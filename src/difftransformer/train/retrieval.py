@@ -1,6 +1,7 @@
-"""Multi-needle retrieval blocks (SPEC §5) to mix into training, drawn with the evaluation suite's generator.
+"""Multi-needle retrieval blocks (the paper's §3.4 task) to mix into training, drawn with the generator the
+evaluation uses (:mod:`difftransformer.data.needles`).
 
-A retrieval block is packed with episodes, each one :func:`difftransformer.eval.needle.make_needle_sample` context
+A retrieval block is packed with episodes, each one :func:`difftransformer.data.needles.make_needle_sample` context
 (Shakespeare haystack with N magic-number needles) and its question, answered for every needle in turn ("The magic
 number of A is 123\nThe magic number of B is 456..."), episodes separated by EOS as packed documents are. Copying a
 number from context is what the model must learn, and a tiny model needs many such copies before it does: answering

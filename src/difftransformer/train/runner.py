@@ -58,6 +58,7 @@ class LanguageModelTrainer(Trainer):
         enable_fsdp_on_cpu(self)  # --fsdp on CPU processes (accelerate applies it on accelerators only)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Trainer's log, with ``eval_perplexity`` beside every ``eval_loss``."""
         if "eval_loss" in logs:
             logs["eval_perplexity"] = math.exp(min(logs["eval_loss"], 700.0))
         super().log(logs, start_time)
