@@ -31,7 +31,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from difftransformer.data.needles import NEEDLE_TEMPLATE, QUESTION_TEMPLATE, make_needle_sample
-from difftransformer.eval.common import is_difftransformer, model_device, pyplot, save_figure
+from difftransformer.eval.common import is_difftransformer, mean, model_device, pyplot, save_figure
 from difftransformer.eval.logits import attention_logits
 from difftransformer.eval.needle import (
     DEFAULT_DEPTHS,
@@ -222,7 +222,7 @@ class AttentionTask(Task):
 
     def summarise(self, results: dict) -> dict:
         depths = results["by_depth"]
-        return {key: sum(e[key] for e in depths) / len(depths) for key in ("answer", "context")}
+        return {key: mean([e[key] for e in depths]) for key in ("answer", "context")}
 
     def columns(self, summary: dict) -> list[Column]:
         return [

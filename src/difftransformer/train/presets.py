@@ -123,18 +123,9 @@ def _paper(
         description=f"paper {name}: d_model {hidden}, {layers} layers, {heads} DIFF / {2 * heads} Transformer heads",
     )
     recipe.update(fields)
-    schedule = dict(
-        max_steps=40_000,
-        per_device_train_batch_size=8,
-        gradient_accumulation_steps=16,
-        learning_rate=3.2e-4,
-        warmup_steps=375,
-        weight_decay=0.05,
-        adam_beta2=0.98,
-        logging_steps=50,
-        eval_steps=1000,
-        save_steps=1000,
-    )
+    schedule = dict(max_steps=40_000, per_device_train_batch_size=8, gradient_accumulation_steps=16,
+                    learning_rate=3.2e-4, warmup_steps=375, weight_decay=0.05, adam_beta2=0.98, logging_steps=50,
+                    eval_steps=1000, save_steps=1000)  # fmt: skip
     schedule.update(training)
     return Preset(name, hidden, layers, heads, training=_recipe(**schedule), **recipe)
 
