@@ -140,3 +140,16 @@ def test_train_command_under_torchrun_with_fsdp(tmp_path):
 
     model = DiffTransformerForCausalLM.from_pretrained(tmp_path / "run")
     assert sum(p.numel() for p in model.parameters()) > 0
+
+
+def test_sharded_state_dicts_are_refused_before_training(tmp_path):
+    texts = synthetic_texts()
+    tokenizer = small_tokenizer(texts)
+    blocks = pack(texts, tokenizer, 32)
+    config = get_preset("micro").model_config("diff", vocab_size=len(tokenizer))
+    settings = TrainingSettings(**{**RECIPE, **dict(
+        output_dir=str(tmp_path), max_steps=1, report_to="none", fsdp="full_shard auto_wrap",
+        fsdp_config={"state_dict_type": "SHARDED_STATE_DICT"})})  # fmt: skip
+    with pytest.raises(ValueError, match="state_dict_type must be FULL_STATE_DICT"):
+        train_model(config, blocks[:-8], blocks[-8:], tokenizer, settings)
+    assert not any(tmp_path.iterdir())

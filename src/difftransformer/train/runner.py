@@ -24,7 +24,7 @@ from difftransformer.ops import fused_cpu_available
 from difftransformer.storage import read_json, write_json
 from difftransformer.train.callbacks import CsvMetrics, ProgressBar
 from difftransformer.train.checkpoints import CompletionMarker, checkpoints, last_good_checkpoint
-from difftransformer.train.fsdp_on_cpu import enable_fsdp_on_cpu
+from difftransformer.train.fsdp import check_fsdp_state_dict, enable_fsdp_on_cpu
 from difftransformer.train.lock import RunLock
 from difftransformer.train.settings import TrainingSettings, tokens_per_step
 
@@ -135,6 +135,7 @@ def train_model(
     ``train_blocks`` (n_train, T) and ``eval_blocks`` (n_eval, T) are int64 token ids, every block a full
     training sequence; ``callbacks`` are added to Trainer's; ``progress_desc`` labels the progress bar.
     """
+    check_fsdp_state_dict(args)
     output_dir = Path(args.output_dir)
     lock = RunLock(output_dir) if is_main_process() else None
     if lock is not None:
