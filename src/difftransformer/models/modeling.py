@@ -39,11 +39,12 @@ register_checkpoint_conversion_mapping(
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention")
 
 
-def attention_backend(config: DiffTransformerConfig) -> str:
-    """The ops backend for ``config``'s ``attn_implementation``: "eager" -> "reference" (materialized, as
-    transformers' eager), "sdpa" (the default) -> ``config.attention_backend``, "flex_attention" -> "flex"
-    (DIFF V1 only). Anything else raises ValueError: an implementation is never silently ignored."""
-    implementation = config._attn_implementation or "sdpa"
+def attention_backend(config: DiffTransformerConfig, implementation: str | None = None) -> str:
+    """The ops backend for ``implementation`` (default: ``config``'s ``attn_implementation``): "eager" ->
+    "reference" (materialized, as transformers' eager), "sdpa" (the default) -> ``config.attention_backend``,
+    "flex_attention" -> "flex" (DIFF V1 only). Anything else raises ValueError: an implementation is never
+    silently ignored."""
+    implementation = implementation or config._attn_implementation or "sdpa"
     if implementation == "sdpa":
         return config.attention_backend
     if implementation == "eager":
@@ -52,7 +53,7 @@ def attention_backend(config: DiffTransformerConfig) -> str:
         return "flex"
     supported = ATTN_IMPLEMENTATIONS if config.attention == "diff" else ATTN_IMPLEMENTATIONS[:2]
     raise ValueError(
-        f"attn_implementation must be one of {supported} for attention={config.attention!r} (docs/architecture.md); "
+        f"attn_implementation must be one of {supported} for attention={config.attention!r} (docs/performance.md); "
         f"got {implementation!r}"
     )
 
@@ -132,7 +133,7 @@ class DiffTransformerPreTrainedModel(PreTrainedModel):
     ) -> str:
         """transformers' check, then ours: only the implementations :func:`attention_backend` maps."""
         implementation = super().get_correct_attn_implementation(requested_attention, is_init_check)
-        attention_backend(_WithImplementation(self.config, implementation))
+        attention_backend(self.config, implementation)
         return implementation
 
     @torch.no_grad()
@@ -150,14 +151,6 @@ class DiffTransformerPreTrainedModel(PreTrainedModel):
             if name in LAMBDA_KEYS:
                 state_dict[f"{head}.{LAMBDA_KEYS[name]}"] = state_dict.pop(key)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
-
-class _WithImplementation:
-    """``config`` as :func:`attention_backend` would see it with another attn_implementation."""
-
-    def __init__(self, config: DiffTransformerConfig, implementation: str) -> None:
-        self.attention, self.attention_backend = config.attention, config.attention_backend
-        self._attn_implementation = implementation
 
 
 def padding_and_causal_mask(
