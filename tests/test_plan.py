@@ -188,3 +188,10 @@ def test_plan_command_prints_counts_and_memory(capsys):
 def test_plan_command_refuses_bad_input(capsys):
     assert main(["plan", "--preset", "micro", "--fsdp", "hybrid_shard"]) == 2
     assert "difftransformer plan: error: fsdp" in capsys.readouterr().err
+
+
+def test_plan_says_which_optimizer_it_does_not_model(capsys):
+    assert main(["plan", "--preset", "micro", "--optim", "adafactor"]) == 0
+    assert "--optim adafactor is not modelled" in capsys.readouterr().out
+    assert main(["plan", "--preset", "micro", "--optim", "adamw_torch_fused"]) == 0
+    assert "not modelled" not in capsys.readouterr().out

@@ -403,4 +403,9 @@ def setup_from(args: argparse.Namespace) -> ParallelSetup:
 def run(args: argparse.Namespace) -> int:
     """Print the plan."""
     print(format_plan(make_plan(resolved_preset(args), setup_from(args))))
+    optimizer = str(given(args, TrainingSettings).get("optim", "adamw_torch"))
+    if not optimizer.startswith("adamw") or "8bit" in optimizer:
+        print(
+            f"(--optim {optimizer} is not modelled: the optimizer state above is AdamW's 8 bytes per parameter)"
+        )
     return 0
