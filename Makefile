@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-slow lint demo bench clean
+.PHONY: test test-slow lint demo study bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ test-slow: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m difftransformer compare --preset tiny --output-dir runs/demo
+
+# The small-scale study of docs/results/study: DIFF as the paper specifies it, without its per-head norm, DIFF V2 and
+# the Transformer, 2 seeds each (about an hour on 2 CPU cores).
+study: $(STAMP)
+	$(PY) -m difftransformer compare --preset study --variants "diff,diff(subln=none),diff_v2,softmax" --seeds 0,1 --output-dir runs/study
 
 bench: $(STAMP)
 	$(PY) -m difftransformer bench

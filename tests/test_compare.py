@@ -14,7 +14,7 @@ from difftransformer.compare import cli as compare_cli
 from difftransformer.compare.document import Report
 from difftransformer.compare.runs import run_comparison
 from difftransformer.compare.scaling import fit_power_law, matching_ratio
-from difftransformer.compare.suite_report import suite_sections, suite_verdict, task_table
+from difftransformer.compare.suite_report import suite_sections, task_table
 from difftransformer.eval import suite
 from difftransformer.eval.registry import TASKS, parse_tasks
 from difftransformer.models import DiffTransformerForCausalLM
@@ -74,7 +74,7 @@ def test_compare_writes_report_and_plots(tmp_path):
         assert section is not None, task
         assert "| DIFF |" in section and "| Transformer |" in section and f"suite_{task}.png" in section, task
         assert (tmp_path / f"suite_{task}.png").read_bytes()[:8] == PNG, task
-    for measure in ("Lowest test loss", "retrieval accuracy", "noise", "top-1/median", "4-bit", "mean NLL",
+    for measure in ("(test loss): DIFF", "retrieval accuracy", "noise", "top-1/median", "4-bit", "mean NLL",
                     "order spread", "MQAR accuracy"):  # fmt: skip
         assert measure.lower() in text.split("## Evaluation suite")[0].lower(), measure
     assert "<table>" in (tmp_path / "report.html").read_text()
@@ -232,6 +232,7 @@ def planted_suite(level: float) -> dict:
         "icl": {
             "accuracy": {"0": level / 2, "2": level},
             "spread": {"random": level / 10, "grouped": 3 * level / 10},
+            "chance": 0.2,
         },
         "mqar": {"4": level, "8": level / 5},
     }
@@ -282,20 +283,6 @@ def test_report_tables_carry_each_tasks_numbers(tmp_path):
     assert "| variant | N:R=1:1 | N:R=4:2 |" in text and "| DIFF | 0.30 ± 0.14 | 0.06 ± 0.03 |" in text
     for task in expected:
         assert (tmp_path / f"suite_{task}.png").read_bytes()[:8] == PNG
-    # The verdict follows the numbers: the Transformer leads wherever its larger level is better.
-    sentences = suite_verdict({label: suites for label, suites in groups})
-    assert "Highest mean retrieval accuracy: Transformer (0.48; DIFF 0.18)." in sentences
-    assert (
-        "Lowest attention on the rest of the context (noise): Transformer (0.200; DIFF 0.700)." in sentences
-    )
-    assert "Lowest attention-logit top-1/median: DIFF (6.0; Transformer 16.0)." in sentences
-    assert "Lowest loss with 4-bit attention logits: DIFF (3.300; Transformer 3.800)." in sentences
-    assert (
-        "Lowest order spread averaged over random and grouped orderings: DIFF (0.06; Transformer 0.16)."
-        in sentences
-    )
-    tie = {"DIFF": [planted_suite(0.5)], "Transformer": [planted_suite(0.5)]}
-    assert "MQAR accuracy averaged over pair counts: a tie at 0.30." in suite_verdict(tie)
 
 
 @pytest.mark.slow
@@ -304,7 +291,11 @@ def test_compare_over_sizes_fits_scaling(tmp_path):
     data = micro_data(preset.block_size)
     args = compare_args(tmp_path, sizes=[16, 32, 48], max_steps=2, tasks=("mqar",))
     text = compare(data, args).read_text()
-    assert "Scaling with parameters" in text and "DIFF reaches the Transformer's loss with" in text
+    assert (
+        "Scaling with parameters" in text
+        and "Transformer's loss with this share of the parameters: DIFF" in text
+    )
+    assert "| parameters DIFF needs for the baseline's loss" in text
     # The suite's rows are per variant and scale.
     mqar = text.split("(mqar)")[1]
     assert all(f"| {label} d{width} |" in mqar for label in ("DIFF", "Transformer") for width in (16, 32, 48))

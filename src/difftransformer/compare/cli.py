@@ -12,9 +12,9 @@ import argparse
 import os
 
 from difftransformer.compare.runs import run_comparison
+from difftransformer.compare.variants import Variant, parse_variants
 from difftransformer.eval.needle import parse_needle_configs
 from difftransformer.eval.registry import TASKS, get_task, parse_tasks
-from difftransformer.models import ATTENTION_KINDS
 from difftransformer.train.cli import add_recipe_options, resolved_preset, training_options
 from difftransformer.train.pipeline import prepare_preset_data
 from difftransformer.train.settings import DataOptions, given
@@ -30,14 +30,11 @@ def _int_list(text: str, flag: str) -> list[int]:
     return values
 
 
-def _variants(text: str) -> list[str]:
-    variants = [item.strip() for item in text.split(",") if item.strip()]
-    bad = [v for v in variants if v not in ATTENTION_KINDS]
-    if bad or not variants or len(set(variants)) != len(variants):
-        raise argparse.ArgumentTypeError(
-            f"--variants must be distinct names from {ATTENTION_KINDS}; got {text!r}"
-        )
-    return variants
+def _variants(text: str) -> list[Variant]:
+    try:
+        return parse_variants(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _tasks(text: str) -> tuple[str, ...]:
@@ -51,16 +48,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """The comparison's options, then the preset, data and training options shared with ``train``."""
     needle_samples = get_task("needle").light.samples
     parser.usage = (
-        "%(prog)s [--output-dir DIR] [--preset NAME] [--variants KINDS] [--seeds SEEDS] [OPTION ...]"
+        "%(prog)s [--output-dir DIR] [--preset NAME] [--variants VARIANTS] [--seeds SEEDS] [OPTION ...]"
     )
     own = parser.add_argument_group("comparison")
     own.add_argument("--output-dir", default="runs/compare", help="report folder (default: runs/compare)")
     own.add_argument(
         "--variants",
         type=_variants,
-        default=["diff", "softmax"],
-        help="attention kinds to train, comma-separated: diff, softmax (the matched baseline), diff_v2 "
-        "(default: diff,softmax)",
+        default=parse_variants("diff,softmax"),
+        help="models to train, comma-separated: an attention kind (diff: DIFF V1 as the paper specifies it; "
+        "softmax: the matched baseline; diff_v2) with optional config overrides in parentheses, e.g. "
+        "'diff,diff(subln=none),diff_v2,softmax'; each is reported under a name saying what it is, and every "
+        "other variant is judged against softmax (default: diff,softmax)",
     )
     own.add_argument(
         "--seeds",

@@ -9,33 +9,28 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
 
-from difftransformer.compare.document import Report, mean_spread
-from difftransformer.compare.scaling import fit_power_law, matching_ratio
-from difftransformer.compare.suite_report import ahead, suite_sections, suite_verdict
-from difftransformer.eval.common import mean, mean_token_nll, pyplot, save_figure
+from difftransformer.compare.report import build_report
+from difftransformer.compare.variants import Variant
+from difftransformer.eval.common import mean_token_nll
 from difftransformer.eval.suite import SuiteSettings, run_suite, suite_options
 from difftransformer.models import DiffTransformerForCausalLM
 from difftransformer.storage import read_json, write_json
-from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.pipeline import PreparedData
 from difftransformer.train.presets import Preset
-from difftransformer.train.runner import METRICS_CSV, SUMMARY_JSON, train_model
+from difftransformer.train.runner import SUMMARY_JSON, train_model
 from difftransformer.train.settings import tokens_per_step
-
-LABELS = {"diff": "DIFF", "softmax": "Transformer", "diff_v2": "DIFF V2"}
 
 
 @dataclass
 class RunRecord:
-    """One trained model: which variant, seed and scale, where it lives, and what it scored (``suite``: what
-    :func:`difftransformer.eval.suite.run_suite` returned)."""
+    """One trained model: which variant (its spec, e.g. "diff(subln=none)"), seed and scale, where it lives, and
+    what it scored (``suite``: what :func:`difftransformer.eval.suite.run_suite` returned)."""
 
     variant: str
     seed: int
@@ -57,7 +52,7 @@ class RunRecord:
 def train_and_evaluate(
     data: PreparedData,
     preset: Preset,
-    variant: str,
+    variant: Variant,
     seed: int,
     scale: str,
     folder: Path,
@@ -73,13 +68,13 @@ def train_and_evaluate(
     run_settings = preset.training_settings(**{**training, "output_dir": str(folder), "seed": seed})
     if not (folder / SUMMARY_JSON).is_file():
         train_model(
-            preset.model_for(variant, tokenizer),
+            variant.config(preset.model_for(variant.kind, tokenizer)),
             data.train_blocks,
             data.validation_blocks[: preset.eval_blocks],
             tokenizer,
             run_settings,
             resume=True,
-            progress_desc=f"{LABELS[variant]} {scale} seed {seed}",
+            progress_desc=f"{variant.label} {scale} seed {seed}",
         )
     summary = read_json(folder / SUMMARY_JSON)
     model = DiffTransformerForCausalLM.from_pretrained(folder).eval()
@@ -101,11 +96,17 @@ def train_and_evaluate(
     )
     suite = run_suite(model, tokenizer, data.test_texts, settings, folder / "eval", previous=previous)
     tqdm.write(
-        f"{LABELS[variant]} {scale} seed {seed} evaluated in seconds: "
+        f"{variant.label} {scale} seed {seed} evaluated in seconds: "
         + ", ".join(f"{task} {sec:.1f}" for task, sec in suite["seconds"].items())
     )
     record = RunRecord(
-        variant=variant, seed=seed, scale=scale, folder=folder, test_loss=test_loss, suite=suite, **trained
+        variant=variant.spec(),
+        seed=seed,
+        scale=scale,
+        folder=folder,
+        test_loss=test_loss,
+        suite=suite,
+        **trained,
     )
     write_json(folder / "evaluation.json", record.to_json())
     return record
@@ -152,143 +153,6 @@ def scaled_presets(
     return [(preset.name, preset)]
 
 
-def plot_curves(records: list[RunRecord], path: Path) -> None:
-    """Training loss (thin) and validation loss (markers) against step, every run overlaid."""
-    plt = pyplot()
-    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    colors = {"diff": "tab:red", "softmax": "tab:blue", "diff_v2": "tab:green"}
-    for record in records:
-        rows = read_metrics(record.folder / METRICS_CSV)
-        label = f"{LABELS[record.variant]} {record.scale} s{record.seed}"
-        axes[0].plot(*column(rows, "loss"), color=colors[record.variant], alpha=0.7, lw=1, label=label)
-        axes[1].plot(*column(rows, "eval_loss"), "o-", color=colors[record.variant], alpha=0.8, label=label)
-    for axis, title in zip(axes, ("training loss", "validation loss")):
-        axis.set(xlabel="step", ylabel="loss", title=title)
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=7)
-    save_figure(figure, path)
-
-
-def plot_scaling(points: dict[str, list[tuple[float, float]]], xlabel: str, path: Path) -> dict:
-    """Loss against x (log-log) per variant with its fitted power law; returns the fits."""
-    plt = pyplot()
-    figure, axis = plt.subplots(figsize=(6, 4.5))
-    fits = {}
-    for variant, pairs in points.items():
-        xs, ys = zip(*pairs)
-        axis.scatter(xs, ys, label=LABELS[variant])
-        if len(set(xs)) >= 2:
-            fits[variant] = fit_power_law(xs, ys)
-            grid = [min(xs) * (max(xs) / min(xs)) ** (i / 50) for i in range(51)]
-            axis.plot(grid, fits[variant](grid), lw=1)
-    axis.set(xscale="log", yscale="log", xlabel=xlabel, ylabel="test loss")
-    axis.grid(alpha=0.3, which="both")
-    axis.legend()
-    save_figure(figure, path)
-    return fits
-
-
-def build_report(
-    records: list[RunRecord], variants: list[str], data: PreparedData, preset: Preset, args, out: Path
-) -> Report:
-    """The whole report: setup, results table and verdict, loss curves, the suite's sections, scaling fits."""
-    recipe = preset.training
-    report = Report(f"DIFF vs Transformer: preset {preset.name}")
-    report.paragraph(
-        f"Corpus: {data.corpus_name}; {data.train_blocks.shape[0]} training blocks of {preset.block_size} tokens, "
-        f"{data.needle_blocks} of them multi-needle retrieval examples; tokenizer vocabulary {len(data.tokenizer)}. "
-        f"Every variant saw the same blocks in the same order, with the same seeds and optimizer recipe "
-        f"(AdamW betas ({recipe['adam_beta1']}, {recipe['adam_beta2']}), weight decay {recipe['weight_decay']}, lr "
-        f"{recipe['learning_rate']}, {recipe['warmup_steps']} warm-up steps then {recipe['lr_scheduler_type']}, "
-        f"clip {recipe['max_grad_norm']}). Seeds: {sorted({r.seed for r in records})}."
-    )
-    report.heading("Results")
-    scales = list(dict.fromkeys(r.scale for r in records))
-    header = [
-        "variant",
-        "scale",
-        "parameters",
-        "tokens",
-        "tokens/s",
-        "validation loss",
-        "test loss",
-        "test perplexity",
-    ]
-    rows = []
-    for scale in scales:
-        for variant in variants:
-            runs = [r for r in records if r.variant == variant and r.scale == scale]
-            row = [
-                LABELS[variant],
-                scale,
-                f"{runs[0].parameters:,}",
-                f"{runs[0].tokens:,}",
-                mean_spread([r.tokens_per_second for r in runs], 0),
-                mean_spread([r.validation_loss for r in runs]),
-                mean_spread([r.test_loss for r in runs]),
-                mean_spread([math.exp(r.test_loss) for r in runs], 1),
-            ]
-            rows.append(row)
-    report.table(header, rows)
-    report.paragraph(
-        "Values here and in every table below are mean ± sample standard deviation across seeds; the test "
-        f"loss is over {min(args.test_blocks, data.test_blocks.shape[0])} held-out blocks."
-    )
-    report.paragraph(verdict(records, variants))
-    plot_curves(records, out / "loss_curves.png")
-    report.image("loss_curves.png", "training and validation loss, all runs overlaid")
-    groups = [
-        (
-            LABELS[variant] + (f" {scale}" if len(scales) > 1 else ""),
-            [r.suite for r in records if r.variant == variant and r.scale == scale],
-        )
-        for scale in scales
-        for variant in variants
-    ]
-    suite_sections(report, groups, out)
-    if len(scales) > 1:
-        scaling_section(report, records, variants, out, by="parameters" if args.sizes else "tokens")
-    return report
-
-
-def verdict(records: list[RunRecord], variants: list[str]) -> str:
-    """One sentence per measure (test loss, then every suite measure) saying which variant came out ahead,
-    whichever it is; each variant's value is the mean over its runs."""
-    by_variant = {LABELS[v]: [r for r in records if r.variant == v] for v in variants}
-    loss = {label: mean([r.test_loss for r in runs]) for label, runs in by_variant.items()}
-    suites = {label: [r.suite for r in runs] for label, runs in by_variant.items()}
-    return " ".join([ahead("test loss", loss, False, 3), *suite_verdict(suites)])
-
-
-def scaling_section(
-    report: Report, records: list[RunRecord], variants: list[str], out: Path, by: str
-) -> None:
-    """Power-law fits of test loss against parameters or tokens, their plot, and how much DIFF needs to match."""
-    points = {
-        v: [
-            (float(r.parameters if by == "parameters" else r.tokens), r.test_loss)
-            for r in records
-            if r.variant == v
-        ]
-        for v in variants
-    }
-    name = f"scaling_{by}.png"
-    fits = plot_scaling(points, "parameters" if by == "parameters" else "training tokens", out / name)
-    report.heading(f"Scaling with {by}")
-    report.table(
-        ["variant", "fit: loss = a * x^b", "a", "b"],
-        [[LABELS[v], "", f"{f.coefficient:.4g}", f"{f.exponent:.4f}"] for v, f in fits.items()],
-    )
-    if "diff" in fits and "softmax" in fits:
-        largest = max(x for x, _ in points["softmax"])
-        ratio = matching_ratio(fits["diff"], fits["softmax"], largest)
-        report.paragraph(
-            f"At the largest baseline ({largest:,.0f} {by}) the fits say DIFF reaches the Transformer's loss with "
-            f"{ratio:.0%} of the {by} (the paper: 62% of the parameters at 6.8B; 63.7% of the tokens)."
-        )
-    report.image(name, f"test loss against {by}, log-log, with power-law fits")
-
-
 def run_comparison(
     data: PreparedData, preset: Preset, args: argparse.Namespace, training: dict[str, Any]
 ) -> Path:
@@ -313,7 +177,7 @@ def run_comparison(
     plan = [(*scale, variant, seed) for scale in scales for seed in seeds for variant in args.variants]
     records = []
     for scale, scaled, settings, variant, seed in tqdm(plan, desc="compare", unit="run"):
-        folder = out / "runs" / f"{scale}-{variant}-seed{seed}"
+        folder = out / "runs" / f"{scale}-{variant.slug}-seed{seed}"
         records.append(
             train_and_evaluate(data, scaled, variant, seed, scale, folder, settings, args, training)
         )

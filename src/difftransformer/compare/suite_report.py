@@ -1,5 +1,5 @@
 """The evaluation suite in the compare report: per task a section with a table (mean ± spread across seeds) and a
-chart comparing the variants, and one verdict sentence per measure saying which variant came out ahead. What each
+chart comparing the variants (the verdicts on each task's measures are :mod:`difftransformer.compare.report`'s). What each
 task shows comes from the task itself (:mod:`difftransformer.eval.task`); this module only lays it out.
 
 Rows are *groups*: a label (a variant, with its scale when there are several) and the suites of its seeds, as
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from difftransformer.compare.document import Report, mean_spread
 from difftransformer.eval.common import mean, pyplot, save_figure, spread
-from difftransformer.eval.registry import TASKS, get_task
+from difftransformer.eval.registry import get_task
 from difftransformer.eval.task import Chart, Panel
 
 Group = tuple[str, list[dict]]
@@ -119,34 +119,3 @@ def suite_sections(report: Report, groups: list[Group], out: Path) -> None:
         filename = f"suite_{name}.png"
         plot_task(name, groups, out / filename)
         report.image(filename, task.title)
-
-
-def ahead(measure: str, values: dict[str, float], higher_is_better: bool, digits: int) -> str:
-    """One sentence naming the variant(s) ahead on ``measure`` (a tie when every value rounds the same)."""
-    best = (max if higher_is_better else min)(values.values())
-    leaders = [label for label, v in values.items() if round(v, digits) == round(best, digits)]
-    if len(leaders) == len(values):
-        return f"{measure[0].upper()}{measure[1:]}: a tie at {best:.{digits}f}."
-    others = ", ".join(f"{label} {v:.{digits}f}" for label, v in values.items() if label not in leaders)
-    word = "Highest" if higher_is_better else "Lowest"
-    return f"{word} {measure}: {' and '.join(leaders)} ({best:.{digits}f}; {others})."
-
-
-def suite_verdict(by_variant: dict[str, list[dict]]) -> list[str]:
-    """One sentence per measure of every task all runs have; values are means over each variant's runs."""
-    suites = [s for runs in by_variant.values() for s in runs]
-    sentences = []
-    for name in TASKS:
-        if not all(name in s["summary"] for s in suites):
-            continue
-        for measure in get_task(name).measures(suites[0]["summary"][name]):
-            values = {
-                label: [measure.value(s["summary"][name]) for s in runs] for label, runs in by_variant.items()
-            }
-            if any(v is None for runs in values.values() for v in runs):
-                continue
-            sentences.append(
-                ahead(measure.name, {label: mean(v) for label, v in values.items()}, measure.higher_is_better,
-                      measure.digits)
-            )  # fmt: skip
-    return sentences

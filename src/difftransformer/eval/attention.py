@@ -245,8 +245,20 @@ class AttentionTask(Task):
 
     def measures(self, summary: dict) -> list[Measure]:
         return [
-            Measure("attention on the answer needle", lambda s: s["answer"], True, 3),
-            Measure("attention on the rest of the context (noise)", lambda s: s["context"], False, 3),
+            Measure(
+                "attention on the answer needle",
+                lambda s: s["answer"],
+                True,
+                3,
+                paper="DIFF 0.27-0.40 vs Transformer 0.03-0.09 by depth (3B models, multi-needle retrieval)",
+            ),
+            Measure(
+                "attention on the rest of the context (noise)",
+                lambda s: s["context"],
+                False,
+                3,
+                paper="DIFF 0.01-0.02 vs Transformer 0.49-0.54 by depth (3B models, multi-needle retrieval)",
+            ),
         ]
 
 

@@ -58,6 +58,8 @@ DEFAULT_DISTRACTORS: tuple[int, ...] = (1, 3, 7)
 # The paper's Table 4: share of outputs GPT-4o judged free of hallucination, 3B models (Transformer, DIFF).
 PAPER_SUMMARY = {"XSum": (0.44, 0.53), "CNN/DM": (0.32, 0.41), "MultiNews": (0.42, 0.61)}
 PAPER_QA = {"Qasper": (0.28, 0.39), "HotpotQA": (0.36, 0.46), "2WikiMQA": (0.29, 0.36)}
+# QA accuracy at or below this counts as "at chance": the model does not read the document.
+QA_CHANCE_MARGIN = 0.05
 
 Generate = Callable[[str], str]  # prompt -> continuation up to (not including) its first newline
 
@@ -650,7 +652,16 @@ class HallucinationTask(Task):
 
     def measures(self, summary: dict) -> list[Measure]:
         return [
-            Measure("contextual QA accuracy", lambda s: s.get("qa", {}).get("correct"), True, 2),
+            Measure(
+                "contextual QA accuracy",
+                lambda s: s.get("qa", {}).get("correct"),
+                True,
+                2,
+                paper=f"share judged accurate and free of hallucination (Transformer / DIFF): "
+                f"{_paper_numbers(PAPER_QA)} (3B models, GPT-4o judge)",
+                at_chance=lambda s: s.get("qa", {}).get("correct", 0.0) <= QA_CHANCE_MARGIN,
+                chance=f"accuracy 0, counted up to {QA_CHANCE_MARGIN}: the model does not read the document",
+            ),
             Measure(
                 "contextual QA hallucination rate", lambda s: s.get("qa", {}).get("hallucination"), False, 2
             ),
@@ -660,6 +671,8 @@ class HallucinationTask(Task):
                 lambda s: s.get("summary", {}).get("free"),
                 True,
                 2,
+                paper=f"share judged free of hallucination (Transformer / DIFF): {_paper_numbers(PAPER_SUMMARY)} "
+                "(3B models, GPT-4o judge)",
             ),
             Measure(
                 "share of unsupported entities in summaries",

@@ -399,6 +399,15 @@ class IclLight(LightSettings):
     orderings: int = 3
 
 
+# Best accuracy over shot counts within this of guessing counts as "at chance" (order spread then means nothing).
+CHANCE_MARGIN = 0.1
+CHANCE = f"accuracy 1/classes (0.20 for 5), counted up to {CHANCE_MARGIN} above it at every shot count"
+
+
+def _at_chance(summary: dict) -> bool:
+    return max(summary["accuracy"].values()) <= summary["chance"] + CHANCE_MARGIN
+
+
 class IclTask(Task):
     """Many-shot in-context classification and its robustness to the order of the demonstrations."""
 
@@ -459,6 +468,7 @@ class IclTask(Task):
         return dict(
             accuracy={str(c["shots"]): c["accuracy"] for c in results["curve"]},
             spread={mode: r["spread"] for mode, r in results["order_robustness"].items()},
+            chance=1 / len(results["labels"]),
         )
 
     def columns(self, summary: dict) -> list[Column]:
@@ -483,9 +493,12 @@ class IclTask(Task):
     def measures(self, summary: dict) -> list[Measure]:
         return [
             Measure("in-context accuracy averaged over shot counts", lambda s: mean(list(s["accuracy"].values())),
-                    True, 2),
+                    True, 2, paper="DIFF 5-22 points higher as demonstrations grow (3B models, 64K context, "
+                    "TREC, TREC-fine, Banking-77, Clinic-150)", at_chance=_at_chance, chance=CHANCE),
             Measure("order spread averaged over random and grouped orderings",
-                    lambda s: mean(list(s["spread"].values())) if s["spread"] else None, False, 2),
+                    lambda s: mean(list(s["spread"].values())) if s["spread"] else None, False, 2,
+                    paper="best minus worst of 10 orderings, TREC: DIFF 4.0 vs Transformer 19.0 points (random), "
+                    "13.4 vs 56.7 (grouped by class) (3B models)", at_chance=_at_chance, chance=CHANCE),
         ]  # fmt: skip
 
 

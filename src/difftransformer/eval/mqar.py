@@ -164,6 +164,10 @@ class MqarLight(LightSettings):
     sequences: int = 16
 
 
+# Accuracy at or below this counts as "at chance": associative recall not learned.
+CHANCE_MARGIN = 0.05
+
+
 class MqarTask(Task):
     """Multi-query associative recall on raw vocabulary ids."""
 
@@ -223,7 +227,9 @@ class MqarTask(Task):
                      xticks=pairs)  # fmt: skip
 
     def measures(self, summary: dict) -> list[Measure]:
-        return [Measure("MQAR accuracy averaged over pair counts", lambda s: mean(list(s.values())), True, 2)]
+        return [Measure("MQAR accuracy averaged over pair counts", lambda s: mean(list(s.values())), True, 2,
+                        at_chance=lambda s: mean(list(s.values())) <= CHANCE_MARGIN,
+                        chance=f"accuracy about 0, counted up to {CHANCE_MARGIN}: a value is not guessed")]  # fmt: skip
 
 
 TASK = MqarTask()

@@ -227,8 +227,20 @@ class OutliersTask(Task):
 
     def measures(self, summary: dict) -> list[Measure]:
         return [
-            Measure("attention-logit top-1/median", lambda s: s["attention_logits"]["ratio"], False, 1),
-            Measure("hidden-state top-1/median", lambda s: s["hidden_states"]["ratio"], False, 1),
+            Measure(
+                "attention-logit top-1/median",
+                lambda s: s["attention_logits"]["ratio"],
+                False,
+                1,
+                paper="DIFF 38.8/3.3 = 12 vs Transformer 318.0/5.4 = 59 (3B models, 0.4M tokens)",
+            ),
+            Measure(
+                "hidden-state top-1/median",
+                lambda s: s["hidden_states"]["ratio"],
+                False,
+                1,
+                paper="DIFF 1688.2/1.2 = 1407 vs Transformer 3608.6/0.6 = 6014 (3B models, 0.4M tokens)",
+            ),
         ]
 
 

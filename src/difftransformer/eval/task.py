@@ -39,13 +39,23 @@ class Column(NamedTuple):
 
 
 class Measure(NamedTuple):
-    """One verdict measure: its name (the sentence reads "Highest <name>: ..."), its value in one summary (None
-    where that run has none), whether higher is better, and the digits shown."""
+    """One verdict measure: its name, its value in one summary (None where that run has none), whether higher is
+    better, and the digits shown.
+
+    ``paper``: what the paper reports for this measure, with the model size and tokens it was measured at ("" when
+    the paper makes no claim about it); a measure with a claim becomes a row of compare's claims table.
+    ``at_chance``: whether one run's model sits at chance level on this measure (both models at chance in every
+    run make the measure "not measurable here"); ``chance`` says what chance is, e.g. "accuracy 0.00: a 3-digit
+    number is not guessed".
+    """
 
     name: str
     value: Callable[[dict], float | None]
     higher_is_better: bool
     digits: int
+    paper: str = ""
+    at_chance: Callable[[dict], bool] | None = None
+    chance: str = ""
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,11 @@ PRESETS: dict[str, Preset] = {
                description="the CPU demo (make demo): minutes on 2 cores, with multi-needle retrieval blocks mixed in",
                training=_recipe(max_steps=500, per_device_train_batch_size=8, learning_rate=2e-3, warmup_steps=30,
                                 logging_steps=10, eval_steps=100, save_steps=250)),
+        Preset("study", 128, 4, 2, 384, 256, vocab_size=4096, eval_blocks=32,
+               description="the small-scale study (make study): the demo's shape on plain text, 3x its tokens; run "
+               "with 4 variants and 2 seeds in under an hour on 2 cores (docs/results/study)",
+               training=_recipe(max_steps=800, per_device_train_batch_size=8, learning_rate=2e-3, warmup_steps=30,
+                                logging_steps=10, eval_steps=100, save_steps=400)),
         Preset("small", 384, 6, 3, None, 512, vocab_size=8192, eval_blocks=128, needle_fraction=0.15,
                description="one GPU for under an hour, or a long CPU run",
                training=_recipe(max_steps=3000, per_device_train_batch_size=16, learning_rate=1e-3,

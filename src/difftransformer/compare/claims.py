@@ -1,0 +1,122 @@
+"""The paper's claims that a comparison measured, each judged by the verdict rule.
+
+A claim is one measure read off every run (test loss, a scaling ratio, or an evaluation task's
+:class:`~difftransformer.eval.task.Measure` that names what the paper reports). :func:`judge_claim` compares a DIFF
+variant's runs with the matched baseline's, seed by seed, under :mod:`difftransformer.compare.verdict`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from difftransformer.compare.scaling import fit_power_law, matching_ratio
+from difftransformer.compare.verdict import AT_CHANCE, Verdict, judge
+from difftransformer.eval.registry import TASKS, get_task
+
+if TYPE_CHECKING:
+    from difftransformer.compare.runs import RunRecord
+
+PAPER_LOSS = "DIFF 3.062 vs Transformer 3.087 validation loss (1.4B models, 10B tokens); lower at 830M-13.1B"
+PAPER_PARAMETERS = "62.2%: a 6.8B DIFF matches an 11B Transformer (830M-13.1B models, 10B tokens each)"
+PAPER_TOKENS = "63.7%: DIFF at 160B tokens matches the Transformer at 251B (3B models)"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One measured claim: its name, what the paper reports, which way is better, the digits shown, its value in
+    one run (None where the run has none), whether one run sits at chance level and what chance is."""
+
+    name: str
+    paper: str
+    higher_is_better: bool
+    digits: int
+    value: Callable[[RunRecord], float | None]
+    at_chance: Callable[[RunRecord], bool] | None = None
+    chance: str = ""
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A claim judged for one variant against the baseline: the per-seed values of both and the verdict."""
+
+    values: list[float]
+    baseline: list[float]
+    verdict: Verdict
+    chance: str = ""
+
+    def verdict_text(self) -> str:
+        """The verdict, with what chance is when both models sit at it."""
+        if self.verdict.word == AT_CHANCE and self.chance:
+            return f"{AT_CHANCE} (both at chance: {self.chance})"
+        return self.verdict.word
+
+
+LOSS_CLAIM = Claim(
+    "language-modelling loss at equal parameters and tokens (test loss)", PAPER_LOSS, False, 3,
+    lambda record: record.test_loss,
+)  # fmt: skip
+
+
+def task_claims(records: Sequence[RunRecord], with_paper_only: bool = True) -> list[Claim]:
+    """A claim for every task measure (only those naming the paper's number, by default), for the tasks every run
+    has."""
+    claims = []
+    first = records[0].suite["summary"]
+    for name in TASKS:
+        if not all(name in record.suite["summary"] for record in records):
+            continue
+        for measure in get_task(name).measures(first[name]):
+            if with_paper_only and not measure.paper:
+                continue
+            at_chance = None
+            if measure.at_chance is not None:
+                at_chance = lambda record, m=measure, n=name: m.at_chance(record.suite["summary"][n])  # noqa: E731
+            claims.append(
+                Claim(
+                    measure.name, measure.paper, measure.higher_is_better, measure.digits,
+                    lambda record, m=measure, n=name: m.value(record.suite["summary"][n]),
+                    at_chance, measure.chance,
+                )
+            )  # fmt: skip
+    return claims
+
+
+def judge_claim(claim: Claim, runs: Sequence[RunRecord], baseline: Sequence[RunRecord]) -> Judgement | None:
+    """``claim`` for a variant's ``runs`` against the baseline's (the same seeds); None where a run lacks it."""
+    values = [claim.value(record) for record in runs]
+    reference = [claim.value(record) for record in baseline]
+    if not values or not reference or any(v is None for v in [*values, *reference]):
+        return None
+    at_chance = claim.at_chance is not None and all(claim.at_chance(r) for r in [*runs, *baseline])
+    verdict = judge(values, reference, higher_is_better=claim.higher_is_better, at_chance=at_chance)
+    return Judgement(values, reference, verdict, claim.chance)
+
+
+def matching_ratios(records: Sequence[RunRecord], variant: str, baseline: str, by: str) -> list[float]:
+    """Per seed: the share of the baseline's parameters (``by="parameters"``) or tokens (``"tokens"``) at which the
+    power law fitted to ``variant``'s test losses reaches the baseline's fitted loss at its largest scale. Seeds
+    with fewer than two scales for either are left out."""
+    ratios = []
+    for seed in sorted({r.seed for r in records}):
+        points = {}
+        for label in (variant, baseline):
+            points[label] = [
+                (float(r.parameters if by == "parameters" else r.tokens), r.test_loss)
+                for r in records
+                if r.variant == label and r.seed == seed
+            ]
+        if any(len({x for x, _ in pairs}) < 2 for pairs in points.values()):
+            continue
+        fits = {label: fit_power_law(*zip(*pairs)) for label, pairs in points.items()}
+        largest = max(x for x, _ in points[baseline])
+        ratios.append(matching_ratio(fits[variant], fits[baseline], largest))
+    return ratios
+
+
+def judge_ratio(ratios: list[float]) -> Judgement | None:
+    """The verdict rule on per-seed matching ratios against 1 (below 1: DIFF needs less, as the paper says)."""
+    if not ratios:
+        return None
+    return Judgement(ratios, [1.0], judge(ratios, 1.0, higher_is_better=False))

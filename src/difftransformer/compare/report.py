@@ -1,0 +1,332 @@
+"""compare's report: the paper's claims judged first, then the runs, the learning curves of the gap, the evaluation
+suite's sections and the scaling fits."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from difftransformer.compare.claims import (
+    LOSS_CLAIM,
+    PAPER_PARAMETERS,
+    PAPER_TOKENS,
+    Claim,
+    Judgement,
+    judge_claim,
+    judge_ratio,
+    matching_ratios,
+    task_claims,
+)
+from difftransformer.compare.document import Report, mean_spread
+from difftransformer.compare.gap import gap_curves
+from difftransformer.compare.scaling import fit_power_law, matching_ratio
+from difftransformer.compare.suite_report import suite_sections
+from difftransformer.compare.variants import Variant, parse_variant
+from difftransformer.compare.verdict import RULE
+from difftransformer.eval.common import pyplot, save_figure
+from difftransformer.train.callbacks import column, read_metrics
+from difftransformer.train.runner import METRICS_CSV
+
+if TYPE_CHECKING:
+    from difftransformer.compare.runs import RunRecord
+    from difftransformer.train.pipeline import PreparedData
+    from difftransformer.train.presets import Preset
+
+
+def label(spec: str) -> str:
+    """The report name of the variant ``spec`` (e.g. "diff(subln=none)" -> "DIFF (subln=none)")."""
+    return parse_variant(spec).label
+
+
+def _runs(records: Sequence[RunRecord], spec: str, scale: str | None = None) -> list[RunRecord]:
+    """The runs of one variant (at one scale), in seed order."""
+    chosen = [r for r in records if r.variant == spec and (scale is None or r.scale == scale)]
+    return sorted(chosen, key=lambda r: r.seed)
+
+
+def _ours(judgement: Judgement, digits: int, baseline_label: str, variant_label: str) -> str:
+    return (
+        f"{variant_label} {mean_spread(judgement.values, digits)} vs {baseline_label} "
+        f"{mean_spread(judgement.baseline, digits)}"
+    )
+
+
+def claims_section(
+    report: Report, records: Sequence[RunRecord], variants: Sequence[Variant], scale: str, by: str | None
+) -> None:
+    """The claims table: one row per claim of the paper the runs measured (at ``scale``; the scaling rows when
+    ``by`` is "parameters" or "tokens"), for every DIFF variant against the matched baseline."""
+    report.heading("The paper's claims, as measured here")
+    baseline = next((v for v in variants if v.is_baseline), None)
+    others = [v for v in variants if not v.is_baseline]
+    if baseline is None or not others:
+        report.paragraph(
+            "No claim is judged: the comparison needs the matched baseline (softmax) and at least one DIFF variant."
+        )
+        return
+    at_scale = [r for r in records if r.scale == scale]
+    reference = _runs(at_scale, baseline.spec())
+    seeds = sorted({r.seed for r in reference})
+    diff_runs = _runs(at_scale, others[0].spec())
+    report.paragraph(
+        f"Ours: {diff_runs[0].parameters:,} parameters ({others[0].label}) and {reference[0].parameters:,} "
+        f"({baseline.label}), {reference[0].tokens:,} training tokens, {len(seeds)} seed(s) {seeds}"
+        + (f", scale {scale}" if len({r.scale for r in records}) > 1 else "")
+        + ". Values are mean ± sample standard deviation across seeds. "
+        + RULE
+    )
+    header = ["claim", "the paper"]
+    for variant in others:
+        header += [f"ours: {variant.label} vs {baseline.label}", "verdict"]
+    rows = []
+    claims: list[Claim] = [LOSS_CLAIM, *task_claims(at_scale)]
+    for claim in claims:
+        row = [claim.name, claim.paper]
+        for variant in others:
+            judgement = judge_claim(claim, _runs(at_scale, variant.spec()), reference)
+            row += (
+                ["-", "-"]
+                if judgement is None
+                else [_ours(judgement, claim.digits, baseline.label, variant.label), judgement.verdict_text()]
+            )
+        rows.append(row)
+        if claim is LOSS_CLAIM and by is not None:
+            rows.append(_scaling_row(records, others, baseline, by))
+    report.table(header, rows)
+
+
+def _scaling_row(
+    records: Sequence[RunRecord], others: Sequence[Variant], baseline: Variant, by: str
+) -> list[str]:
+    name = f"{by} DIFF needs for the baseline's loss (share, power-law fits per seed)"
+    row = [name, PAPER_PARAMETERS if by == "parameters" else PAPER_TOKENS]
+    for variant in others:
+        judgement = judge_ratio(matching_ratios(records, variant.spec(), baseline.spec(), by))
+        row += (
+            ["-", "-"]
+            if judgement is None
+            else [
+                f"{variant.label} {mean_spread(judgement.values, 2)} of {baseline.label}'s",
+                str(judgement.verdict),
+            ]
+        )
+    return row
+
+
+def verdict_sentences(records: Sequence[RunRecord], variants: Sequence[Variant], scale: str) -> list[str]:
+    """One sentence per measure (test loss, then every task measure, with or without a claim of the paper) and
+    DIFF variant: both values and the verdict under the rule."""
+    baseline = next((v for v in variants if v.is_baseline), None)
+    if baseline is None:
+        return ["No verdicts: the comparison has no matched baseline (softmax)."]
+    at_scale = [r for r in records if r.scale == scale]
+    reference = _runs(at_scale, baseline.spec())
+    sentences = []
+    for claim in [LOSS_CLAIM, *task_claims(at_scale, with_paper_only=False)]:
+        for variant in variants:
+            if variant.is_baseline:
+                continue
+            judgement = judge_claim(claim, _runs(at_scale, variant.spec()), reference)
+            if judgement is not None:
+                sentences.append(
+                    f"{claim.name[0].upper()}{claim.name[1:]}: "
+                    f"{_ours(judgement, claim.digits, baseline.label, variant.label)}, {judgement.verdict_text()}."
+                )
+    return sentences
+
+
+def _curve(record: RunRecord, name: str) -> tuple[list[int], list[float]]:
+    """(tokens seen, values) of one metrics column of a run."""
+    steps, values = column(read_metrics(record.folder / METRICS_CSV), name)
+    step_tokens = record.tokens / max(steps) if steps else 0
+    return [round(step * step_tokens) for step in steps], values
+
+
+def plot_curves(records: Sequence[RunRecord], path: Path) -> None:
+    """Training loss (thin) and validation loss (markers) against tokens, every run overlaid."""
+    plt = pyplot()
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    colors = {spec: f"C{i}" for i, spec in enumerate(dict.fromkeys(r.variant for r in records))}
+    for record in records:
+        name = f"{label(record.variant)} {record.scale} s{record.seed}"
+        axes[0].plot(*_curve(record, "loss"), color=colors[record.variant], alpha=0.7, lw=1, label=name)
+        axes[1].plot(*_curve(record, "eval_loss"), "o-", color=colors[record.variant], alpha=0.8, label=name)
+    for axis, title in zip(axes, ("training loss", "validation loss")):
+        axis.set(xlabel="training tokens", ylabel="loss", title=title)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
+    save_figure(figure, path)
+
+
+def gap_section(
+    report: Report, records: Sequence[RunRecord], variants: Sequence[Variant], scale: str, out: Path
+):
+    """Each DIFF variant's validation loss minus the baseline's against tokens (mean and spread over seeds)."""
+    baseline = next((v for v in variants if v.is_baseline), None)
+    if baseline is None:
+        return
+    at_scale = [r for r in records if r.scale == scale]
+    curves = {
+        spec: {r.seed: list(zip(*_curve(r, "eval_loss"))) for r in _runs(at_scale, spec)}
+        for spec in dict.fromkeys(r.variant for r in at_scale)
+    }
+    gaps = gap_curves(curves, baseline.spec())
+    plt = pyplot()
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    lines = []
+    for spec, points in gaps.items():
+        if not points:
+            continue
+        tokens, means, spreads = zip(*points)
+        axis.plot(tokens, means, "o-", label=label(spec))
+        if all(s is not None for s in spreads):
+            low = [m - s for m, s in zip(means, spreads)]
+            high = [m + s for m, s in zip(means, spreads)]
+            axis.fill_between(tokens, low, high, alpha=0.2)
+        lines.append(
+            f"{label(spec)}: {means[0]:+.3f} after {tokens[0]:,} tokens, {means[-1]:+.3f} after {tokens[-1]:,}"
+        )
+    axis.axhline(0, color="gray", lw=1)
+    axis.set(
+        xlabel="training tokens",
+        ylabel=f"validation loss minus {baseline.label}'s",
+        title="the gap during training (below 0: ahead of the baseline)",
+    )
+    axis.grid(alpha=0.3)
+    axis.legend()
+    save_figure(figure, out / "gap_curves.png")
+    report.heading("The gap during training")
+    report.paragraph(
+        "Validation loss of each DIFF variant minus the baseline's at the same step and seed; the line is the mean "
+        "over seeds and the band ± one sample standard deviation. Small-scale studies see the sign change with "
+        "training length, so the final value alone can mislead. " + "; ".join(lines) + "."
+    )
+    report.image("gap_curves.png", "validation-loss gap to the baseline against training tokens")
+
+
+def plot_scaling(points: dict[str, list[tuple[float, float]]], xlabel: str, path: Path) -> dict:
+    """Loss against x (log-log) per variant spec with its fitted power law; returns the fits."""
+    plt = pyplot()
+    figure, axis = plt.subplots(figsize=(6, 4.5))
+    fits = {}
+    for spec, pairs in points.items():
+        xs, ys = zip(*pairs)
+        axis.scatter(xs, ys, label=label(spec))
+        if len(set(xs)) >= 2:
+            fits[spec] = fit_power_law(xs, ys)
+            grid = [min(xs) * (max(xs) / min(xs)) ** (i / 50) for i in range(51)]
+            axis.plot(grid, fits[spec](grid), lw=1)
+    axis.set(xscale="log", yscale="log", xlabel=xlabel, ylabel="test loss")
+    axis.grid(alpha=0.3, which="both")
+    axis.legend()
+    save_figure(figure, path)
+    return fits
+
+
+def scaling_section(
+    report: Report, records: Sequence[RunRecord], variants: Sequence[Variant], out: Path, by: str
+) -> None:
+    """Power-law fits of test loss against parameters or tokens (all seeds pooled), their plot, and how much each
+    DIFF variant needs to match the baseline."""
+    points = {
+        v.spec(): [
+            (float(r.parameters if by == "parameters" else r.tokens), r.test_loss)
+            for r in records
+            if r.variant == v.spec()
+        ]
+        for v in variants
+    }
+    name = f"scaling_{by}.png"
+    fits = plot_scaling(points, "parameters" if by == "parameters" else "training tokens", out / name)
+    report.heading(f"Scaling with {by}")
+    report.table(
+        ["variant", "fit: loss = a * x^b", "a", "b"],
+        [[label(spec), "", f"{f.coefficient:.4g}", f"{f.exponent:.4f}"] for spec, f in fits.items()],
+    )
+    baseline = next((v.spec() for v in variants if v.is_baseline), None)
+    if baseline in fits:
+        largest = max(x for x, _ in points[baseline])
+        shares = [
+            f"{label(spec)} {matching_ratio(fit, fits[baseline], largest):.0%}"
+            for spec, fit in fits.items()
+            if spec != baseline
+        ]
+        report.paragraph(
+            f"At the largest baseline ({largest:,.0f} {by}) the pooled fits say each variant reaches the "
+            f"Transformer's loss with this share of the {by}: {', '.join(shares)} (the paper: 62% of the "
+            "parameters at 6.8B; 63.7% of the tokens)."
+        )
+    report.image(name, f"test loss against {by}, log-log, with power-law fits")
+
+
+def build_report(
+    records: list[RunRecord],
+    variants: Sequence[Variant],
+    data: PreparedData,
+    preset: Preset,
+    args,
+    out: Path,
+) -> Report:
+    """The whole report: the claims table and the verdict rule, setup, results table and verdicts, loss and gap
+    curves, the suite's sections, scaling fits."""
+    scales = list(dict.fromkeys(r.scale for r in records))
+    by = ("parameters" if args.sizes else "tokens") if len(scales) > 1 else None
+    # Claims and verdicts read the largest scale: the model or budget closest to the paper's.
+    largest = max(scales, key=lambda s: max((r.parameters, r.tokens) for r in records if r.scale == s))
+    names = " vs ".join(v.label for v in variants)
+    report = Report(f"{names}: preset {preset.name}")
+    claims_section(report, records, variants, largest, by)
+    recipe = preset.training
+    report.heading("Setup")
+    report.paragraph(
+        f"Corpus: {data.corpus_name}; {data.train_blocks.shape[0]} training blocks of {preset.block_size} tokens, "
+        f"{data.needle_blocks} of them multi-needle retrieval examples; tokenizer vocabulary {len(data.tokenizer)}. "
+        f"Every variant saw the same blocks in the same order, with the same seeds and optimizer recipe "
+        f"(AdamW betas ({recipe['adam_beta1']}, {recipe['adam_beta2']}), weight decay {recipe['weight_decay']}, lr "
+        f"{recipe['learning_rate']}, {recipe['warmup_steps']} warm-up steps then {recipe['lr_scheduler_type']}, "
+        f"clip {recipe['max_grad_norm']}). Seeds: {sorted({r.seed for r in records})}. Variants: "
+        + "; ".join(f"{v.label} = `{v.spec()}`" for v in variants)
+        + "."
+    )
+    report.heading("Results")
+    header = ["variant", "scale", "parameters", "tokens", "tokens/s", "validation loss", "test loss",
+              "test perplexity"]  # fmt: skip
+    rows = []
+    for scale in scales:
+        for variant in variants:
+            runs = _runs(records, variant.spec(), scale)
+            rows.append(
+                [
+                    variant.label,
+                    scale,
+                    f"{runs[0].parameters:,}",
+                    f"{runs[0].tokens:,}",
+                    mean_spread([r.tokens_per_second for r in runs], 0),
+                    mean_spread([r.validation_loss for r in runs]),
+                    mean_spread([r.test_loss for r in runs]),
+                    mean_spread([math.exp(r.test_loss) for r in runs], 1),
+                ]
+            )
+    report.table(header, rows)
+    report.paragraph(
+        "Values here and in every table below are mean ± sample standard deviation across seeds; the test "
+        f"loss is over {min(args.test_blocks, data.test_blocks.shape[0])} held-out blocks."
+    )
+    report.paragraph(" ".join(verdict_sentences(records, variants, largest)))
+    plot_curves(records, out / "loss_curves.png")
+    report.image("loss_curves.png", "training and validation loss, all runs overlaid")
+    gap_section(report, records, variants, largest, out)
+    groups = [
+        (
+            variant.label + (f" {scale}" if len(scales) > 1 else ""),
+            [r.suite for r in _runs(records, variant.spec(), scale)],
+        )
+        for scale in scales
+        for variant in variants
+    ]
+    suite_sections(report, groups, out)
+    if by is not None:
+        scaling_section(report, records, variants, out, by)
+    return report

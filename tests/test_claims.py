@@ -1,0 +1,188 @@
+"""compare's judgement of the paper's claims: the verdict rule, variants with config overrides, the claims table
+(with and without a scaling sweep), verdict sentences and the learning curves of the gap, on planted numbers."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from difftransformer.compare.claims import LOSS_CLAIM, judge_claim, matching_ratios
+from difftransformer.compare.document import Report
+from difftransformer.compare.gap import gap_curves
+from difftransformer.compare.report import claims_section, verdict_sentences
+from difftransformer.compare.runs import RunRecord
+from difftransformer.compare.variants import parse_variant, parse_variants
+from difftransformer.compare.verdict import (
+    AGREES,
+    AT_CHANCE,
+    NOT_RESOLVED,
+    ONE_SEED,
+    OPPOSITE,
+    SPREAD_MULTIPLE,
+    judge,
+)
+from difftransformer.models import DiffTransformerConfig
+from test_compare import planted_suite
+
+
+@pytest.mark.parametrize(
+    ("diff", "baseline", "higher", "word"),
+    [
+        ([4.80, 4.90], [4.50, 4.52], False, OPPOSITE),  # DIFF's loss higher by far more than the spread
+        ([4.40, 4.45], [4.50, 4.52], False, AGREES),
+        ([0.60, 0.62], [0.50, 0.51], True, AGREES),  # higher accuracy
+        ([0.40, 0.42], [0.50, 0.51], True, OPPOSITE),
+        ([4.40, 4.60], [4.50, 4.52], False, NOT_RESOLVED),  # the spread swallows the difference
+        ([4.40], [4.50], False, ONE_SEED),
+        ([4.40, 4.41], [4.50], False, ONE_SEED),
+    ],
+)
+def test_verdict_rule_gives_each_verdict(diff, baseline, higher, word):
+    assert judge(diff, baseline, higher_is_better=higher).word == word
+
+
+def test_verdict_rule_threshold_is_the_stated_multiple_of_the_spread():
+    # Both arms have sample spread 0.1 (pooled 0.1): a difference just above / below the multiple decides.
+    spread = 0.1 * math.sqrt(2) / 2 * 2  # values m ± 0.0707 give a sample spread of 0.1
+    base = [1.0 - spread / 2, 1.0 + spread / 2]
+    above = [v - SPREAD_MULTIPLE * 0.1 - 1e-6 for v in base]
+    below = [v - SPREAD_MULTIPLE * 0.1 + 1e-6 for v in base]
+    assert judge(above, base, higher_is_better=False).word == AGREES
+    assert judge(below, base, higher_is_better=False).word == NOT_RESOLVED
+    verdict = judge(above, base, higher_is_better=False)
+    assert verdict.spread == pytest.approx(0.1) and verdict.difference == pytest.approx(-0.2 - 1e-6)
+
+
+def test_verdict_at_chance_wins_over_any_difference_and_reference_mode():
+    assert judge([0.0, 0.0], [0.0, 0.0], higher_is_better=True, at_chance=True).word == AT_CHANCE
+    assert judge([0.01], [0.03], higher_is_better=True, at_chance=True).word == AT_CHANCE
+    assert (
+        judge([0.60, 0.62], 1.0, higher_is_better=False).word == AGREES
+    )  # a share below 1 of the baseline's
+    assert judge([1.30, 1.32], 1.0, higher_is_better=False).word == OPPOSITE
+    assert judge([0.60], 1.0, higher_is_better=False).word == ONE_SEED
+    with pytest.raises(ValueError, match="at least one value"):
+        judge([], [1.0], higher_is_better=True)
+
+
+def test_variants_parse_with_overrides_and_refuse_bad_ones():
+    variants = parse_variants("diff,diff(subln=none),diff_v2,softmax,diff(lambda_init=0.8, subln=plain)")
+    assert [v.label for v in variants] == [
+        "DIFF", "DIFF (subln=none)", "DIFF V2", "Transformer", "DIFF (lambda_init=0.8, subln=plain)",
+    ]  # fmt: skip
+    assert [v.slug for v in variants[:4]] == ["diff", "diff-subln-none", "diff_v2", "softmax"]
+    assert [v.is_baseline for v in variants] == [False, False, False, True, False]
+    assert all(parse_variant(v.spec()) == v for v in variants)
+    base = DiffTransformerConfig(hidden_size=64, num_attention_heads=2)
+    assert variants[1].config(base).subln == "none" and variants[4].config(base).lambda_init == 0.8
+    assert variants[0].config(base) is base
+    for text, message in [
+        ("bogus", "KIND or KIND"),
+        ("diff(hidden_size=32)", "hidden_size is set by the preset"),
+        ("diff(nope=1)", "'nope' is not a DiffTransformerConfig field"),
+        ("diff(subln)", "each override is FIELD=VALUE"),
+        ("diff,diff", "distinct"),
+        ("diff(subln=none", "unbalanced"),
+    ]:
+        with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+            parse_variants(text)
+    with pytest.raises(ValueError, match=r"variant diff\(subln=bogus\): subln must be one of"):
+        parse_variant("diff(subln=bogus)").config(base)
+
+
+def record(
+    variant: str, seed: int, test_loss: float, level: float, scale="tiny", parameters=1000
+) -> RunRecord:
+    return RunRecord(
+        variant=variant, seed=seed, scale=scale, folder=Path("."), parameters=parameters, tokens=4096,
+        tokens_per_second=1.0, train_seconds=1.0, validation_loss=test_loss, test_loss=test_loss,
+        suite=planted_suite(level),
+    )  # fmt: skip
+
+
+def planted_records() -> list[RunRecord]:
+    # DIFF: lower loss by far more than its spread; its suite level 0.6 against the Transformer's 0.3.
+    # needle level 0.6 vs 0.3: above chance; MQAR at level 0.02 for both: at chance.
+    return [
+        record("diff", 0, 4.40, 0.6),
+        record("diff", 1, 4.42, 0.62),
+        record("softmax", 0, 4.60, 0.3),
+        record("softmax", 1, 4.61, 0.31),
+    ]
+
+
+def test_claims_table_without_sizes_has_a_row_per_claim_with_verdicts():
+    report = Report("claims")
+    claims_section(report, planted_records(), parse_variants("diff,softmax"), "tiny", None)
+    text = report.markdown()
+    assert "Verdict rule:" in text and "2 seed(s) [0, 1]" in text
+    assert "| claim | the paper | ours: DIFF vs Transformer | verdict |" in text
+    loss_row = next(line for line in text.splitlines() if line.startswith("| language-modelling loss"))
+    assert "DIFF 4.410 ± 0.014 vs Transformer 4.605 ± 0.007" in loss_row and loss_row.endswith("| agrees |")
+    # Needle at the 1:1 configuration: DIFF 0.61 vs 0.305, a paper number named, agrees.
+    needle = next(line for line in text.splitlines() if "retrieval accuracy N:R=1:1" in line)
+    assert "DIFF 1.00 vs Transformer 1.00 (3B models, 4K context)" in needle and needle.endswith("| agrees |")
+    # Attention on the noise: 1 - level, lower for DIFF: agrees. Outlier ratio 20 x level: higher for DIFF.
+    noise = next(line for line in text.splitlines() if "(noise)" in line)
+    assert noise.endswith("| agrees |")
+    logits = next(line for line in text.splitlines() if "attention-logit top-1/median" in line)
+    assert logits.endswith("| opposite |")
+    assert "parameters DIFF needs" not in text  # no sizes: no scaling row
+    assert "MQAR" not in text  # the paper makes no MQAR claim
+
+
+def test_claims_table_with_sizes_adds_the_scaling_row():
+    records = []
+    # Loss follows 10 * N^-0.1 for the baseline; DIFF reaches the same loss with 60% of the parameters.
+    for seed, wobble in ((0, 1.0), (1, 1.001)):
+        for n in (1e4, 2e4, 4e4):
+            base = 10 * n**-0.1 * wobble
+            diff = 10 * (n / 0.6) ** -0.1 * wobble
+            records += [
+                record("softmax", seed, base, 0.3, scale=f"n{int(n)}", parameters=int(n)),
+                record("diff", seed, diff, 0.6, scale=f"n{int(n)}", parameters=int(n)),
+            ]
+    ratios = matching_ratios(records, "diff", "softmax", "parameters")
+    assert ratios == pytest.approx([0.6, 0.6], rel=1e-6)
+    report = Report("claims")
+    claims_section(report, records, parse_variants("diff,softmax"), "n40000", "parameters")
+    row = next(line for line in report.markdown().splitlines() if "parameters DIFF needs" in line)
+    assert "DIFF 0.60 ± 0.00 of Transformer's" in row and "62.2%" in row and row.endswith("| agrees |")
+
+
+def test_claims_need_the_baseline_and_at_chance_is_said():
+    report = Report("claims")
+    claims_section(report, planted_records(), parse_variants("diff,diff_v2"), "tiny", None)
+    assert "No claim is judged" in report.markdown()
+    records = [
+        record("diff", 0, 4.4, 0.02), record("diff", 1, 4.41, 0.03),
+        record("softmax", 0, 4.6, 0.02), record("softmax", 1, 4.6, 0.04),
+    ]  # fmt: skip
+    sentences = verdict_sentences(records, parse_variants("diff,softmax"), "tiny")
+    needle = next(s for s in sentences if s.startswith("Retrieval accuracy N:R=1:1"))
+    assert needle.endswith(
+        "not measurable here (both at chance: accuracy 0, counted up to 0.05: a magic number is not guessed)."
+    )
+    mqar = next(s for s in sentences if s.startswith("MQAR accuracy"))
+    assert "not measurable here" in mqar
+    loss = judge_claim(LOSS_CLAIM, records[:2], records[2:])
+    assert loss.verdict.word == AGREES and loss.values == [4.4, 4.41]
+    one_seed = verdict_sentences([records[0], records[2]], parse_variants("diff,softmax"), "tiny")
+    assert one_seed[0].endswith("one seed: spread unknown.")
+
+
+def test_gap_curves_pair_seeds_and_steps():
+    curves = {
+        "softmax": {0: [(100, 5.0), (200, 4.0)], 1: [(100, 5.2), (200, 4.2)]},
+        "diff": {0: [(100, 5.3), (200, 3.9)], 1: [(100, 5.3), (200, 4.0)]},
+        "diff_v2": {0: [(100, 5.1)]},
+    }
+    gaps = gap_curves(curves, "softmax")
+    assert set(gaps) == {"diff", "diff_v2"}
+    (t1, m1, s1), (t2, m2, s2) = gaps["diff"]
+    assert (t1, t2) == (100, 200)
+    assert m1 == pytest.approx(0.2) and s1 == pytest.approx(math.sqrt(0.02))
+    assert m2 == pytest.approx(-0.15) and s2 == pytest.approx(math.sqrt(0.005))
+    assert gaps["diff_v2"] == [(100, pytest.approx(0.1), None)]
