@@ -177,3 +177,13 @@ def test_inference_lambda_follows_the_weights():
     attn.train().eval()
     with torch.enable_grad():
         torch.testing.assert_close(run(), attn(x, (cos, sin))[0].detach())
+
+
+@pytest.mark.parametrize("style", ["interleaved", "half"])
+def test_rotary_keeps_the_input_dtype_with_wider_tables(style):
+    x = torch.randn(2, 5, 3, 8, dtype=torch.bfloat16)
+    cos, sin = RotaryEmbedding(8)(torch.zeros(()), torch.arange(5)[None])  # float32 tables
+    out = apply_rotary(x, cos[:, :, None], sin[:, :, None], style)
+    assert out.dtype == torch.bfloat16
+    wide = apply_rotary(x.float(), cos[:, :, None], sin[:, :, None], style)
+    torch.testing.assert_close(out, wide.bfloat16())

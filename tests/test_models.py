@@ -549,3 +549,17 @@ def test_two_process_fsdp2_bfloat16_and_tensor_parallel(mode, fields, tmp_path):
         capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     assert result.returncode == 0 and result.stdout.count("ok") == 2, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("fields", ALL_KINDS, ids=variant_id)
+def test_cpu_autocast_bfloat16_runs_every_kind(fields):
+    """Under CPU autocast the projections give bf16 q, k, v while the rotary tables are float32: q and k keep
+    the projections' dtype through the rotation, so the operators see one dtype (the C++ kernel would refuse a
+    bf16 v beside float32 q); forward and backward run and stay near float32."""
+    model = random_model(seed=18, dtype=torch.float32, **fields).train()
+    ids = torch.randint(0, 97, (2, 24))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(ids, labels=ids).loss
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    torch.testing.assert_close(loss.float(), model(ids, labels=ids).loss, atol=0.05, rtol=0.02)

@@ -88,7 +88,8 @@ _COMPLEX_DTYPES = (torch.float32, torch.float64)  # have a complex counterpart f
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: RopeStyle) -> torch.Tensor:
-    """Rotate the last dim of ``x`` (width d); ``cos``/``sin`` broadcast against ``x[..., : d // 2]``."""
+    """Rotate the last dim of ``x`` (width d); ``cos``/``sin`` broadcast against ``x[..., : d // 2]``. The result
+    keeps x's dtype (under autocast, float32 tables would otherwise lift bf16 q and k above their v)."""
     if style == "interleaved":
         if x.dtype in _COMPLEX_DTYPES and cos.dtype == x.dtype and not torch.compiler.is_compiling():
             # Each interleaved pair is one complex number and the rotation one complex product: the same
@@ -102,10 +103,10 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: R
                 rotated = torch.view_as_complex(pairs) * torch.complex(cos, sin)
                 return torch.view_as_real(rotated).flatten(-2)
         x0, x1 = x.unflatten(-1, (-1, 2)).unbind(-1)
-        return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
+        return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).to(x.dtype)
     half = x.shape[-1] // 2
     x0, x1 = x[..., :half], x[..., half:]
-    return torch.cat((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1)
+    return torch.cat((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1).to(x.dtype)
 
 
 def interleaved_to_half_permutation(dim: int) -> torch.Tensor:
