@@ -165,6 +165,21 @@ def test_trainer_checkpoints_carry_the_code(tmp_path):
     assert saved["auto_map"] == remote_code.auto_map()
 
 
+class WrappedModel(DiffTransformerForCausalLM):
+    """What a wrapper does to the model's class (FSDP2's fully_shard makes a subclass in torch's own module)."""
+
+
+def test_a_wrapper_subclass_leaves_only_our_code_in_the_folder(tmp_path):
+    model = random_model(seed=2, dtype=torch.float32)
+    model.__class__ = WrappedModel
+    model.save_pretrained(tmp_path)
+    # transformers copies the source of the instance's class: this test module, which must not ship.
+    assert not (tmp_path / Path(__file__).name).exists()
+    assert {p.name for p in tmp_path.glob("*.py")} == set(remote_code.model_code())
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["auto_map"] == remote_code.auto_map()
+
+
 def test_shipped_files_import_only_each_other_and_installed_packages(tmp_path):
     code = remote_code.model_code()
     assert {"configuration.py", "modeling.py"} <= set(code)

@@ -26,12 +26,6 @@ def losses(output_dir, name="loss") -> list[float]:
     return column(read_metrics(output_dir / METRICS_CSV), name)[1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="ops.choose_backend picks the float32 fused CPU kernel by q's dtype alone; under CPU autocast q and k "
-    "leave the float32 rotary as float32 while v is bfloat16, and the kernel refuses v (a model-side fix)",
-)
 def test_bf16_training_on_cpu_stays_close_to_float32(tmp_path):
     train_micro(tmp_path / "fp32", 8)
     train_micro(tmp_path / "bf16", 8, ["bf16"])

@@ -119,13 +119,13 @@ def test_gradient_checkpointing_recomputes_every_layer(tmp_path, data, monkeypat
 
 
 def test_bf16_on_cpu_computes_in_bfloat16(tmp_path, data, monkeypatch):
-    preset, settings = settings_from("--bf16", output_dir=tmp_path)
-    assert settings.bf16 and settings.use_cpu
-    # The softmax arm: DIFF V1 under CPU autocast waits on the ops' kernel choice (test_train_precision's xfail).
-    watch = run(data, preset, settings, monkeypatch, attention="softmax")
-    assert watch.dtypes == {torch.bfloat16}  # autocast: float32 weights, bfloat16 compute
-    weights = json.loads((tmp_path / "train_summary.json").read_text())
-    assert weights["global_step"] == 2
+    for attention in ("diff", "softmax"):
+        preset, settings = settings_from("--bf16", output_dir=tmp_path / attention)
+        assert settings.bf16 and settings.use_cpu
+        watch = run(data, preset, settings, monkeypatch, attention=attention)
+        assert watch.dtypes == {torch.bfloat16}, attention  # autocast: float32 weights, bfloat16 compute
+        weights = json.loads((tmp_path / attention / "train_summary.json").read_text())
+        assert weights["global_step"] == 2
 
 
 def test_optim_adafactor_builds_adafactor(tmp_path, data, monkeypatch):

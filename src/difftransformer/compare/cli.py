@@ -13,6 +13,7 @@ import os
 
 from difftransformer.compare.runs import run_comparison
 from difftransformer.compare.variants import Variant, parse_variants
+from difftransformer.eval.harness import check_harness
 from difftransformer.eval.needle import parse_needle_configs
 from difftransformer.eval.registry import TASKS, get_task, parse_tasks
 from difftransformer.train.cli import add_recipe_options, resolved_preset, training_options
@@ -107,6 +108,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=256,
         help="held-out test blocks for loss and perplexity (default: 256)",
     )
+    own.add_argument(
+        "--lm-eval-tasks",
+        type=lambda text: [item.strip() for item in text.split(",") if item.strip()],
+        help="lm-evaluation-harness tasks to run on every trained model as well, comma-separated (e.g. "
+        "hellaswag,arc_easy; needs the lmeval extra, and the tasks' data offline or a reachable hub); their "
+        "table and plot join the report",
+    )
+    own.add_argument(
+        "--lm-eval-include",
+        metavar="DIR",
+        help="a folder of local lm-eval task YAML files (--lm-eval-tasks may name them; built-in tasks are then "
+        "not indexed)",
+    )
+    own.add_argument(
+        "--lm-eval-limit",
+        type=float,
+        help="documents per harness task (a fraction below 1 takes that share; default: all)",
+    )
+    own.add_argument("--lm-eval-batch-size", type=int, default=8, help="harness batch size (default: 8)")
     add_recipe_options(parser, exclude=frozenset({"output_dir"}))
 
 
@@ -118,6 +138,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--needle-samples must be >= 1 (leave needle out of --tasks to skip it); got {args.needle_samples}"
         )
+    if args.lm_eval_tasks:
+        check_harness(args.lm_eval_include, args.lm_eval_batch_size)
+        if args.lm_eval_limit is not None:
+            if args.lm_eval_limit <= 0:
+                raise ValueError(f"--lm-eval-limit must be > 0; got {args.lm_eval_limit}")
+            if args.lm_eval_limit >= 1:
+                args.lm_eval_limit = int(args.lm_eval_limit)
     # --output-dir is the report's folder here; every run gets its own under it.
     training = {name: value for name, value in training_options(args).items() if name != "output_dir"}
     # Every training option is checked now, before any work (each run builds its own with its folder and seed).

@@ -25,7 +25,7 @@ from difftransformer.compare.scaling import fit_power_law, matching_ratio
 from difftransformer.compare.suite_report import suite_sections
 from difftransformer.compare.variants import Variant, parse_variant
 from difftransformer.compare.verdict import RULE
-from difftransformer.eval.common import pyplot, save_figure
+from difftransformer.eval.common import mean, pyplot, save_figure, spread
 from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.runner import METRICS_CSV
 
@@ -206,6 +206,65 @@ def gap_section(
     report.image("gap_curves.png", "validation-loss gap to the baseline against training tokens")
 
 
+PAPER_HARNESS = (
+    "The paper's zero-shot table (3B models, 350B tokens, LM Evaluation Harness): average 56.2 (DIFF) vs 55.4 "
+    "(Transformer); HellaSwag 66.2 vs 63.4."
+)
+
+
+def harness_section(
+    report: Report, records: Sequence[RunRecord], variants: Sequence[Variant], out: Path
+) -> None:
+    """lm-evaluation-harness metrics of every run (``compare --lm-eval-tasks``): a table of each task's metrics
+    (standard errors left out) as mean ± spread across seeds, and a bar chart."""
+    if not all(r.harness for r in records):
+        return
+    first = records[0].harness
+    columns = [
+        (task, metric)
+        for task, metrics in first["metrics"].items()
+        for metric, value in metrics.items()
+        if not metric.endswith("_stderr") and value is not None
+    ]
+    scales = list(dict.fromkeys(r.scale for r in records))
+    groups = [
+        (variant.label + (f" {scale}" if len(scales) > 1 else ""), _runs(records, variant.spec(), scale))
+        for scale in scales
+        for variant in variants
+    ]
+
+    def values(runs: Sequence[RunRecord], task: str, metric: str) -> list[float]:
+        return [
+            r.harness["metrics"][task][metric]
+            for r in runs
+            if r.harness["metrics"][task].get(metric) is not None
+        ]
+
+    report.heading("LM Evaluation Harness")
+    options = first["options"]
+    report.paragraph(
+        f"lm-evaluation-harness tasks {', '.join(options['tasks'])} on every trained model (limit "
+        f"{options['limit'] or 'none'}, batch size {options['batch_size']}; windows up to the trained block size). "
+        + PAPER_HARNESS
+    )
+    report.table(
+        ["variant", *(f"{task} {metric}" for task, metric in columns)],
+        [[name, *(mean_spread(values(runs, t, m), 3) for t, m in columns)] for name, runs in groups],
+    )
+    plt = pyplot()
+    figure, axis = plt.subplots(figsize=(max(6, 1.6 * len(columns) + 2), 4))
+    width = 0.8 / len(groups)
+    for i, (name, runs) in enumerate(groups):
+        series = [values(runs, t, m) for t, m in columns]
+        axis.bar([j + i * width for j in range(len(columns))], [mean(s) if s else 0.0 for s in series], width,
+                 yerr=[spread(s) for s in series] if len(runs) > 1 else None, label=name)  # fmt: skip
+    axis.set_xticks([j + 0.4 - width / 2 for j in range(len(columns))], [f"{t}\n{m}" for t, m in columns])
+    axis.grid(alpha=0.3, axis="y")
+    axis.legend()
+    save_figure(figure, out / "lm_eval.png")
+    report.image("lm_eval.png", "lm-evaluation-harness metrics per variant")
+
+
 def plot_scaling(points: dict[str, list[tuple[float, float]]], xlabel: str, path: Path) -> dict:
     """Loss against x (log-log) per variant spec with its fitted power law; returns the fits."""
     plt = pyplot()
@@ -327,6 +386,7 @@ def build_report(
         for variant in variants
     ]
     suite_sections(report, groups, out)
+    harness_section(report, records, variants, out)
     if by is not None:
         scaling_section(report, records, variants, out, by)
     return report

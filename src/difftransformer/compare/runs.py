@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from difftransformer.compare.report import build_report
 from difftransformer.compare.variants import Variant
 from difftransformer.eval.common import mean_token_nll
+from difftransformer.eval.harness import run_harness
 from difftransformer.eval.suite import SuiteSettings, run_suite, suite_options
 from difftransformer.models import DiffTransformerForCausalLM
 from difftransformer.storage import read_json, write_json
@@ -30,7 +31,8 @@ from difftransformer.train.settings import tokens_per_step
 @dataclass
 class RunRecord:
     """One trained model: which variant (its spec, e.g. "diff(subln=none)"), seed and scale, where it lives, and
-    what it scored (``suite``: what :func:`difftransformer.eval.suite.run_suite` returned)."""
+    what it scored (``suite``: what :func:`difftransformer.eval.suite.run_suite` returned; ``harness``: the
+    lm-evaluation-harness tasks' metrics, ``{"options": ..., "metrics": {task: {metric: value}}}``, when asked)."""
 
     variant: str
     seed: int
@@ -43,6 +45,7 @@ class RunRecord:
     validation_loss: float
     test_loss: float
     suite: dict
+    harness: dict = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
         """The record as JSON types (the folder as a string)."""
@@ -85,12 +88,12 @@ def train_and_evaluate(
         train_seconds=summary["train_seconds"],
         validation_loss=summary["final_eval_loss"],
     )
-    previous = None
+    previous, earlier_harness = None, {}
     if (folder / "evaluation.json").is_file():
         earlier = read_json(folder / "evaluation.json")
         # Only an evaluation of this very training run (same summary) may be reused.
         if all(earlier.get(key) == value for key, value in trained.items()):
-            previous = earlier.get("suite")
+            previous, earlier_harness = earlier.get("suite"), earlier.get("harness") or {}
     test_loss = mean_token_nll(
         model, data.test_blocks[: args.test_blocks], run_settings.per_device_eval_batch_size
     )
@@ -99,6 +102,15 @@ def train_and_evaluate(
         f"{variant.label} {scale} seed {seed} evaluated in seconds: "
         + ", ".join(f"{task} {sec:.1f}" for task, sec in suite["seconds"].items())
     )
+    harness = {}
+    if args.lm_eval_tasks:
+        options = dict(tasks=list(args.lm_eval_tasks), include_path=args.lm_eval_include, limit=args.lm_eval_limit,
+                       batch_size=args.lm_eval_batch_size, seed=seed)  # fmt: skip
+        if earlier_harness.get("options") == options:
+            harness = earlier_harness
+        else:
+            metrics = run_harness(folder, include_defaults=args.lm_eval_include is None, **options)
+            harness = {"options": options, "metrics": metrics}
     record = RunRecord(
         variant=variant.spec(),
         seed=seed,
@@ -106,6 +118,7 @@ def train_and_evaluate(
         folder=folder,
         test_loss=test_loss,
         suite=suite,
+        harness=harness,
         **trained,
     )
     write_json(folder / "evaluation.json", record.to_json())

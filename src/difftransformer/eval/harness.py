@@ -28,6 +28,16 @@ def _require_lm_eval() -> None:
         raise ImportError(INSTALL_HINT) from err
 
 
+def check_harness(include_path: str | os.PathLike | None, batch_size: int) -> None:
+    """Refuse, before any long work, what :func:`harness_results` cannot run: lm-eval missing, a non-positive
+    ``batch_size``, an ``include_path`` that is not a folder."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
+    if include_path is not None and not Path(include_path).is_dir():
+        raise FileNotFoundError(f"include_path: {include_path} is not a folder of task YAML files")
+    _require_lm_eval()
+
+
 def lm_eval_argv(argv: Sequence[str]) -> list[str]:
     """lm-eval's arguments for a ``difftransformer lm-eval`` command line: ``run`` made explicit and
     ``trust_remote_code=True`` added to its ``--model_args`` (our folders carry their code; lm-eval's own
@@ -109,11 +119,7 @@ def harness_results(
         raise FileNotFoundError(f"model_dir: {path} is not a saved model folder (no config.json)")
     if isinstance(tasks, str) or not tasks or not all(isinstance(task, str) and task for task in tasks):
         raise ValueError(f"tasks must be a non-empty list of task names; got {tasks!r}")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
-    if include_path is not None and not Path(include_path).is_dir():
-        raise FileNotFoundError(f"include_path: {include_path} is not a folder of task YAML files")
-    _require_lm_eval()
+    check_harness(include_path, batch_size)
     import lm_eval
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager

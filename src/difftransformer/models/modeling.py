@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
@@ -127,6 +129,14 @@ class DiffTransformerPreTrainedModel(PreTrainedModel):
         # exp() of a half-precision dot product is too coarse for lambda: DIFF V1 loads its lambda vectors in float32
         # whatever the dtype (their own submodule, so that FSDP2 groups them apart from the bf16 projections).
         self._keep_in_fp32_modules_strict = ["lambda_vectors"] if config.attention == "diff" else []
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
+        """transformers' ``save_pretrained``; a wrapper's subclass of this model (FSDP2's) leaves only our code in
+        the folder (:func:`~difftransformer.models.remote_code.remove_foreign_sources`)."""
+        from difftransformer.models.remote_code import remove_foreign_sources
+
+        super().save_pretrained(save_directory, *args, **kwargs)
+        remove_foreign_sources(save_directory, type(self))
 
     def get_correct_attn_implementation(
         self, requested_attention: str | None, is_init_check: bool = False

@@ -28,6 +28,7 @@ import importlib.metadata
 import importlib.util
 import keyword
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -212,3 +213,23 @@ def write_model_code(folder: str | os.PathLike) -> list[Path]:
     if not running_from_package():
         return []
     return [atomic_write(Path(folder) / name, text) for name, text in model_code().items()]
+
+
+def remove_foreign_sources(folder: str | os.PathLike, model_class: type) -> list[Path]:
+    """Delete from ``folder`` the source files transformers' ``custom_object_save`` copied for ``model_class``
+    when that class is not the package's own but a wrapper's subclass of it (FSDP2's generated
+    ``FSDPDiffTransformerForCausalLM`` lives in torch, so torch's ``_fsdp_*.py`` would land beside our code); the
+    folder's code is :func:`model_code`'s alone. Returns the deleted paths."""
+    if model_class.__module__.startswith(f"{PACKAGE}.") or not running_from_package():
+        return []
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    source = Path(sys.modules[model_class.__module__].__file__)
+    copied = {source.name} | {Path(name).name for name in get_relative_import_files(source)}
+    removed = []
+    for name in sorted(copied - set(model_code())):
+        path = Path(folder) / name
+        if path.is_file():
+            path.unlink()
+            removed.append(path)
+    return removed
