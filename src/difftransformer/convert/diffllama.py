@@ -10,10 +10,12 @@ per-head norm gain into o_proj's columns: exact to rounding.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import DiffLlamaConfig, DiffLlamaForCausalLM
+from transformers import DiffLlamaConfig, DiffLlamaForCausalLM, PreTrainedConfig, PreTrainedModel
 from transformers.core_model_loading import revert_weight_conversion
 
 from difftransformer.layers import interleaved_to_half_permutation
@@ -38,6 +40,47 @@ def permute_rotary_rows(weight: torch.Tensor, head_dim: int, permutation: torch.
     return weight.reshape(-1, head_dim, weight.shape[-1])[:, permutation].reshape(weight.shape)
 
 
+def load_native(
+    source: str | Path | PreTrainedModel,
+    model_class: type[PreTrainedModel],
+    check: Callable[[PreTrainedConfig], None],
+    **load: Any,
+) -> PreTrainedModel:
+    """A transformers model of ``model_class`` (DiffLlama, Llama), given or loaded from a saved folder with
+    ``load`` options, its config checked by ``check`` first; a folder of another model type is refused."""
+    if isinstance(source, model_class):
+        check(source.config)
+        return source
+    name = model_class.__name__.removesuffix("ForCausalLM")
+    path = Path(source)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"source must be a {name} model directory with config.json; got {path}")
+    config = model_class.config_class.from_pretrained(path)
+    if config.model_type != model_class.config_class.model_type:
+        raise ConversionError(f"source must be a {name} checkpoint; its model_type is {config.model_type!r}")
+    check(config)
+    return model_class.from_pretrained(path, **load)
+
+
+def llama_family_fields(config: DiffTransformerConfig) -> dict[str, Any]:
+    """The fields a transformers Llama-family config shares with ours, as that config's arguments."""
+    return dict(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        hidden_act="silu",
+        max_position_embeddings=config.max_position_embeddings,
+        initializer_range=config.initializer_range,
+        rms_norm_eps=config.rms_norm_eps,
+        rope_parameters=dict(config.rope_parameters),
+        tie_word_embeddings=config.tie_word_embeddings,
+        pad_token_id=config.pad_token_id,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+    )
+
+
 def check_diffllama_config(config: DiffLlamaConfig) -> None:
     """Raise ConversionError naming the field that our DIFF V1 cannot represent."""
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -57,22 +100,6 @@ def check_diffllama_config(config: DiffLlamaConfig) -> None:
         raise ConversionError("attention_bias must be False: our projections have no bias")
 
 
-def _load_diffllama(source: str | Path | DiffLlamaForCausalLM) -> DiffLlamaForCausalLM:
-    if isinstance(source, DiffLlamaForCausalLM):
-        check_diffllama_config(source.config)
-        return source
-    path = Path(source)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"source must be a DiffLlama model directory with config.json; got {path}")
-    config = DiffLlamaConfig.from_pretrained(path)
-    if config.model_type != "diffllama":
-        raise ConversionError(
-            f"source must be a DiffLlama checkpoint; its model_type is {config.model_type!r}"
-        )
-    check_diffllama_config(config)
-    return DiffLlamaForCausalLM.from_pretrained(path)
-
-
 def from_diffllama(
     source: str | Path | DiffLlamaForCausalLM, *, rope_style: str = "half"
 ) -> DiffTransformerForCausalLM:
@@ -83,7 +110,7 @@ def from_diffllama(
     """
     if rope_style not in ("half", "interleaved"):
         raise ValueError(f"rope_style must be 'half' or 'interleaved'; got {rope_style!r}")
-    diffllama = _load_diffllama(source)
+    diffllama = load_native(source, DiffLlamaForCausalLM, check_diffllama_config)
     src = diffllama.config
     heads, kv_heads, head_dim = src.num_attention_heads // 2, src.num_key_value_heads // 2, src.head_dim
     config = DiffTransformerConfig(
@@ -145,23 +172,11 @@ def to_diffllama(model: DiffTransformerForCausalLM) -> DiffLlamaForCausalLM:
             )
     heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.map_head_dim
     target = DiffLlamaConfig(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_hidden_layers,
         num_attention_heads=2 * heads,
         num_key_value_heads=2 * kv_heads,
         head_dim=head_dim,
-        hidden_act="silu",
-        max_position_embeddings=config.max_position_embeddings,
-        initializer_range=config.initializer_range,
-        rms_norm_eps=config.rms_norm_eps,
-        rope_parameters=dict(config.rope_parameters),
         lambda_std_dev=config.lambda_std,
-        tie_word_embeddings=config.tie_word_embeddings,
-        pad_token_id=config.pad_token_id,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
+        **llama_family_fields(config),
     )
     interleaved_to_half = interleaved_to_half_permutation(head_dim)
     state = {}

@@ -19,7 +19,12 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from difftransformer.convert.diffllama import ConversionError, permute_rotary_rows
+from difftransformer.convert.diffllama import (
+    ConversionError,
+    llama_family_fields,
+    load_native,
+    permute_rotary_rows,
+)
 from difftransformer.layers import interleaved_to_half_permutation
 from difftransformer.models import DiffTransformerConfig, DiffTransformerForCausalLM
 
@@ -51,20 +56,6 @@ def check_llama_config(config: LlamaConfig) -> None:
             )
 
 
-def _load_llama(source: str | Path | LlamaForCausalLM) -> LlamaForCausalLM:
-    if isinstance(source, LlamaForCausalLM):
-        check_llama_config(source.config)
-        return source
-    path = Path(source)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"source must be a Llama model directory with config.json; got {path}")
-    config = LlamaConfig.from_pretrained(path)
-    if config.model_type != "llama":
-        raise ConversionError(f"source must be a Llama checkpoint; its model_type is {config.model_type!r}")
-    check_llama_config(config)
-    return LlamaForCausalLM.from_pretrained(path, dtype="auto")
-
-
 def from_llama(
     source: str | Path | LlamaForCausalLM, *, rope_style: str = "half"
 ) -> DiffTransformerForCausalLM:
@@ -75,7 +66,7 @@ def from_llama(
     """
     if rope_style not in ("half", "interleaved"):
         raise ValueError(f"rope_style must be 'half' or 'interleaved'; got {rope_style!r}")
-    llama = _load_llama(source)
+    llama = load_native(source, LlamaForCausalLM, check_llama_config, dtype="auto")
     src = llama.config
     config = DiffTransformerConfig(
         vocab_size=src.vocab_size,
@@ -117,22 +108,10 @@ def to_llama(model: DiffTransformerForCausalLM) -> LlamaForCausalLM:
     if not config.causal:
         raise ConversionError("causal must be True to convert to Llama (a causal language model); got False")
     target = LlamaConfig(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_hidden_layers,
         num_attention_heads=config.num_attention_heads,
         num_key_value_heads=config.num_key_value_heads,
         head_dim=config.head_dim,
-        hidden_act="silu",
-        max_position_embeddings=config.max_position_embeddings,
-        initializer_range=config.initializer_range,
-        rms_norm_eps=config.rms_norm_eps,
-        rope_parameters=dict(config.rope_parameters),
-        tie_word_embeddings=config.tie_word_embeddings,
-        pad_token_id=config.pad_token_id,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
+        **llama_family_fields(config),
     )
     interleaved_to_half = interleaved_to_half_permutation(config.head_dim)
     state = {}
