@@ -21,6 +21,7 @@ TOKENIZER_FILES = (
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    """One conversion direction (DiffLlama or Llama, to or from), the output folder and the rotary style."""
     direction = parser.add_mutually_exclusive_group(required=True)
     direction.add_argument(
         "--from-diffllama", metavar="DIR", help="a saved DiffLlamaForCausalLM to convert to our DIFF V1"
@@ -49,6 +50,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Convert the given folder and save the result (with the source's tokenizer files) to --output-dir."""
     source = Path(args.from_diffllama or args.to_diffllama or args.from_llama or args.to_llama)
     if args.from_diffllama:
         converted = from_diffllama(source, rope_style=args.rope_style)
