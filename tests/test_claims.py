@@ -167,6 +167,14 @@ def test_claims_need_the_baseline_and_at_chance_is_said():
     )
     mqar = next(s for s in sentences if s.startswith("MQAR accuracy"))
     assert "not measurable here" in mqar
+    table = Report("at chance")
+    claims_section(table, records, parse_variants("diff,softmax"), "tiny", None)
+    row = next(line for line in table.markdown().splitlines() if "retrieval accuracy N:R=1:1" in line)
+    assert "N:R=1:1 (chance: accuracy 0, counted up to 0.05" in row and row.endswith(
+        "| not measurable here |"
+    )
+    loss_row = next(line for line in table.markdown().splitlines() if line.startswith("| language-modelling"))
+    assert "chance" not in loss_row
     loss = judge_claim(LOSS_CLAIM, records[:2], records[2:])
     assert loss.verdict.word == AGREES and loss.values == [4.4, 4.41]
     one_seed = verdict_sentences([records[0], records[2]], parse_variants("diff,softmax"), "tiny")

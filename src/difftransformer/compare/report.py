@@ -24,7 +24,7 @@ from difftransformer.compare.gap import gap_curves
 from difftransformer.compare.scaling import fit_power_law, matching_ratio
 from difftransformer.compare.suite_report import suite_sections
 from difftransformer.compare.variants import Variant, parse_variant
-from difftransformer.compare.verdict import RULE
+from difftransformer.compare.verdict import AT_CHANCE, RULE
 from difftransformer.eval.common import mean, pyplot, save_figure, spread
 from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.runner import METRICS_CSV
@@ -83,13 +83,18 @@ def claims_section(
     rows = []
     claims: list[Claim] = [LOSS_CLAIM, *task_claims(at_scale)]
     for claim in claims:
-        row = [claim.name, claim.paper]
-        for variant in others:
-            judgement = judge_claim(claim, _runs(at_scale, variant.spec()), reference)
+        judgements = [judge_claim(claim, _runs(at_scale, variant.spec()), reference) for variant in others]
+        # What chance is, said once in the row, where a verdict cell says "not measurable here".
+        at_chance = any(j is not None and j.verdict.word == AT_CHANCE for j in judgements)
+        row = [
+            f"{claim.name} (chance: {claim.chance})" if at_chance and claim.chance else claim.name,
+            claim.paper,
+        ]
+        for variant, judgement in zip(others, judgements):
             row += (
                 ["-", "-"]
                 if judgement is None
-                else [_ours(judgement, claim.digits, baseline.label, variant.label), judgement.verdict_text()]
+                else [_ours(judgement, claim.digits, baseline.label, variant.label), judgement.verdict.word]
             )
         rows.append(row)
         if claim is LOSS_CLAIM and by is not None:
