@@ -81,6 +81,25 @@ def llama_family_fields(config: DiffTransformerConfig) -> dict[str, Any]:
     )
 
 
+def fields_from_llama_family(src: PreTrainedConfig) -> dict[str, Any]:
+    """Our config's fields read from a transformers Llama-family config (the inverse of
+    :func:`llama_family_fields`)."""
+    return dict(
+        vocab_size=src.vocab_size,
+        hidden_size=src.hidden_size,
+        intermediate_size=src.intermediate_size,
+        num_hidden_layers=src.num_hidden_layers,
+        rms_norm_eps=src.rms_norm_eps,
+        rope_parameters=dict(src.rope_parameters or {"rope_type": "default", "rope_theta": 10000.0}),
+        max_position_embeddings=src.max_position_embeddings,
+        initializer_range=src.initializer_range,
+        tie_word_embeddings=src.tie_word_embeddings,
+        pad_token_id=src.pad_token_id,
+        bos_token_id=src.bos_token_id,
+        eos_token_id=src.eos_token_id,
+    )
+
+
 def check_diffllama_config(config: DiffLlamaConfig) -> None:
     """Raise ConversionError naming the field that our DIFF V1 cannot represent."""
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -114,10 +133,6 @@ def from_diffllama(
     src = diffllama.config
     heads, kv_heads, head_dim = src.num_attention_heads // 2, src.num_key_value_heads // 2, src.head_dim
     config = DiffTransformerConfig(
-        vocab_size=src.vocab_size,
-        hidden_size=src.hidden_size,
-        intermediate_size=src.intermediate_size,
-        num_hidden_layers=src.num_hidden_layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         attention="diff",
@@ -126,14 +141,7 @@ def from_diffllama(
         subln_eps=src.rms_norm_eps,
         lambda_init="depth",
         lambda_std=src.lambda_std_dev,
-        rms_norm_eps=src.rms_norm_eps,
-        rope_parameters=dict(src.rope_parameters or {"rope_type": "default", "rope_theta": 10000.0}),
-        max_position_embeddings=src.max_position_embeddings,
-        initializer_range=src.initializer_range,
-        tie_word_embeddings=src.tie_word_embeddings,
-        pad_token_id=src.pad_token_id,
-        bos_token_id=src.bos_token_id,
-        eos_token_id=src.eos_token_id,
+        **fields_from_llama_family(src),
     )
     half_to_interleaved = torch.argsort(interleaved_to_half_permutation(head_dim))
     state = {}

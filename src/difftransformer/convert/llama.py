@@ -21,6 +21,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from difftransformer.convert.diffllama import (
     ConversionError,
+    fields_from_llama_family,
     llama_family_fields,
     load_native,
     permute_rotary_rows,
@@ -69,22 +70,11 @@ def from_llama(
     llama = load_native(source, LlamaForCausalLM, check_llama_config, dtype="auto")
     src = llama.config
     config = DiffTransformerConfig(
-        vocab_size=src.vocab_size,
-        hidden_size=src.hidden_size,
-        intermediate_size=src.intermediate_size,
-        num_hidden_layers=src.num_hidden_layers,
         num_attention_heads=src.num_attention_heads,
         num_key_value_heads=src.num_key_value_heads,
         attention="softmax",
         rope_style=rope_style,
-        rms_norm_eps=src.rms_norm_eps,
-        max_position_embeddings=src.max_position_embeddings,
-        initializer_range=src.initializer_range,
-        tie_word_embeddings=src.tie_word_embeddings,
-        pad_token_id=src.pad_token_id,
-        bos_token_id=src.bos_token_id,
-        eos_token_id=src.eos_token_id,
-        rope_parameters=dict(src.rope_parameters),
+        **fields_from_llama_family(src),
     )
     half_to_interleaved = torch.argsort(interleaved_to_half_permutation(src.head_dim))
     state = {}
