@@ -23,7 +23,7 @@ from difftransformer.compare.document import Report, mean_spread
 from difftransformer.compare.gap import gap_curves
 from difftransformer.compare.scaling import fit_power_law, matching_ratio
 from difftransformer.compare.suite_report import suite_sections
-from difftransformer.compare.variants import Variant, parse_variant
+from difftransformer.compare.variants import Variant, baseline_of, parse_variant
 from difftransformer.compare.verdict import AT_CHANCE, RULE
 from difftransformer.eval.common import mean, pyplot, save_figure, spread
 from difftransformer.train.callbacks import column, read_metrics
@@ -59,7 +59,7 @@ def claims_section(
     """The claims table: one row per claim of the paper the runs measured (at ``scale``; the scaling rows when
     ``by`` is "parameters" or "tokens"), for every DIFF variant against the matched baseline."""
     report.heading("The paper's claims, as measured here")
-    baseline = next((v for v in variants if v.is_baseline), None)
+    baseline = baseline_of(variants)
     others = [v for v in variants if not v.is_baseline]
     if baseline is None or not others:
         report.paragraph(
@@ -123,7 +123,7 @@ def _scaling_row(
 def verdict_sentences(records: Sequence[RunRecord], variants: Sequence[Variant], scale: str) -> list[str]:
     """One sentence per measure (test loss, then every task measure, with or without a claim of the paper) and
     DIFF variant: both values and the verdict under the rule."""
-    baseline = next((v for v in variants if v.is_baseline), None)
+    baseline = baseline_of(variants)
     if baseline is None:
         return ["No verdicts: the comparison has no matched baseline (softmax)."]
     at_scale = [r for r in records if r.scale == scale]
@@ -169,7 +169,7 @@ def gap_section(
     report: Report, records: Sequence[RunRecord], variants: Sequence[Variant], scale: str, out: Path
 ):
     """Each DIFF variant's validation loss minus the baseline's against tokens (mean and spread over seeds)."""
-    baseline = next((v for v in variants if v.is_baseline), None)
+    baseline = baseline_of(variants)
     if baseline is None:
         return
     at_scale = [r for r in records if r.scale == scale]
@@ -309,7 +309,8 @@ def scaling_section(
         ["variant", "fit: loss = a * x^b", "a", "b"],
         [[label(spec), "", f"{f.coefficient:.4g}", f"{f.exponent:.4f}"] for spec, f in fits.items()],
     )
-    baseline = next((v.spec() for v in variants if v.is_baseline), None)
+    reference = baseline_of(variants)
+    baseline = reference.spec() if reference is not None else None
     if baseline in fits:
         largest = max(x for x, _ in points[baseline])
         shares = [

@@ -132,3 +132,8 @@ def parse_variants(text: str) -> list[Variant]:
     if not variants or len(set(specs)) != len(specs):
         raise ValueError(f"--variants must list distinct variants; got {text!r}")
     return variants
+
+
+def baseline_of(variants: list[Variant] | tuple[Variant, ...]) -> Variant | None:
+    """The matched baseline among ``variants`` (plain ``softmax``), or None when the comparison has none."""
+    return next((v for v in variants if v.is_baseline), None)
