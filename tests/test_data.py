@@ -238,12 +238,12 @@ def test_hub_name_fallback(monkeypatch, tmp_path):
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
     splits = load_corpus(["someone/corpus:raw"], validation_fraction=0.25, test_fraction=0.25)
-    assert calls == [("someone/corpus", "raw")]
+    assert set(calls) == {("someone/corpus", "raw")}  # once per pass (counting, reading): datasets caches it
     assert sorted(splits.train + splits.validation + splits.test) == sorted(_documents(12))
     # A string that looks like a path never goes to the hub.
     with pytest.raises(CorpusError, match=r"no such file or folder 'missing\.txt'"):
         load_corpus(["missing.txt"])
-    assert len(calls) == 1
+    assert set(calls) == {("someone/corpus", "raw")}
 
     monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed
     with pytest.raises(CorpusError, match=r"'someone/corpus'.*needs the `datasets` package"):
@@ -372,23 +372,24 @@ def test_block_cache_is_reused_and_keyed(tokenizer, tmp_path, monkeypatch):
 @pytest.mark.parametrize("damage", ["truncate", "flip", "meta", "missing_meta"])
 def test_corrupt_block_cache_is_rebuilt(tokenizer, tmp_path, damage):
     docs = _documents(30)
-    good = packed_blocks(docs, tokenizer, 8, cache_dir=tmp_path)
-    (npy,) = (tmp_path / "blocks").glob("*.npy")
-    meta = npy.with_suffix(".json")
+    # A copy: the blocks view the file memory-mapped, and the damage below is done in place.
+    good = packed_blocks(docs, tokenizer, 8, cache_dir=tmp_path).clone()
+    (data,) = (tmp_path / "blocks").glob("*.bin")
+    meta = data.with_suffix(".json")
     if damage == "truncate":
-        npy.write_bytes(npy.read_bytes()[:-20])
+        data.write_bytes(data.read_bytes()[:-20])
     elif damage == "flip":
-        data = bytearray(npy.read_bytes())
-        data[-5] ^= 0xFF
-        npy.write_bytes(bytes(data))
+        damaged = bytearray(data.read_bytes())
+        damaged[-5] ^= 0xFF
+        data.write_bytes(bytes(damaged))
     elif damage == "meta":
         meta.write_text("{not json")
     else:
         meta.unlink()
-    with pytest.warns(UserWarning, match=r"block cache .*\.npy is corrupt or incomplete"):
+    with pytest.warns(UserWarning, match=r"block cache .*\.bin is corrupt or incomplete"):
         again = packed_blocks(docs, tokenizer, 8, cache_dir=tmp_path)
     assert torch.equal(again, good)
-    assert np.array_equal(np.load(npy), good.numpy())  # rewritten
+    assert np.array_equal(np.fromfile(data, dtype="<i8").reshape(good.shape), good.numpy())  # rewritten
 
 
 def test_too_little_text_for_one_block(tokenizer, tmp_path):
@@ -419,7 +420,7 @@ def test_prepare_command(tmp_path, capsys):
     row = next(line.split() for line in printed.splitlines() if line.startswith("validation"))
     assert row[1] == "6"
     assert len(AutoTokenizer.from_pretrained(out)) == 300
-    assert len(list((tmp_path / "cache" / "blocks").glob("*.npy"))) == 3
+    assert len(list((tmp_path / "cache" / "blocks").glob("*.bin"))) == 3
 
     small = parser.parse_args(
         ["--data", str(data / "doc00.txt"), "--output-dir", str(out), "--block-size", "4096"]

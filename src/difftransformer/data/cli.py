@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 
 from difftransformer.data.blocks import packed_blocks
-from difftransformer.data.corpus import CorpusError
-from difftransformer.data.files import load_corpus
+from difftransformer.data.corpus import SPLITS, CorpusError
+from difftransformer.data.files import open_corpus
 from difftransformer.data.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 
 
@@ -17,14 +17,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--data",
         nargs="+",
         metavar="SOURCE",
-        help="your own text instead of the built-in Shakespeare corpus: .txt/.md/.jsonl/.json files, globs "
+        help="your own text instead of the built-in Shakespeare corpus: .txt/.md/.jsonl/.json/.parquet files, globs "
         "(quote them), folders (searched recursively), or a Hugging Face datasets name NAME[:CONFIG] "
         "(needs the `datasets` package and a reachable hub)",
     )
     parser.add_argument(
         "--text-field",
         default="text",
-        help="the field holding the text in JSON/JSONL records (default: text)",
+        help="the field holding the text in JSON/JSONL records and parquet rows (default: text)",
+    )
+    parser.add_argument(
+        "--num-proc",
+        type=int,
+        default=None,
+        help="worker processes that tokenise (default: the CPU count)",
     )
     parser.add_argument(
         "--output-dir",
@@ -73,8 +79,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load the corpus, train or load the tokenizer, pack and cache every split, print their sizes."""
-    corpus = load_corpus(
+    """Open the corpus, train or load the tokenizer, pack and cache every split, print their sizes."""
+    if args.num_proc is not None and args.num_proc < 1:
+        raise ValueError(f"--num-proc must be a positive integer, got {args.num_proc}")
+    corpus = open_corpus(
         args.data,
         cache_dir=args.cache_dir,
         seed=args.seed,
@@ -89,21 +97,32 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"training a byte-level BPE tokenizer (vocabulary {args.vocab_size}) on {corpus.name} train split"
         )
-        tokenizer = train_tokenizer(corpus.train, vocab_size=args.vocab_size)
+        tokenizer = train_tokenizer(corpus.documents("train"), vocab_size=args.vocab_size)
     save_tokenizer(tokenizer, output)
 
     rows = []
-    for split, docs in (("train", corpus.train), ("validation", corpus.validation), ("test", corpus.test)):
-        if not docs:
+    for split in SPLITS:
+        n_docs = chars = 0
+        for document in corpus.documents(split):
+            n_docs += 1
+            chars += len(document)
+        if not n_docs:
             rows.append((split, 0, 0, 0, 0))
             continue
         try:
-            blocks = packed_blocks(docs, tokenizer, args.block_size, cache_dir=args.cache_dir)
+            blocks = packed_blocks(
+                lambda split=split: corpus.documents(split),
+                tokenizer,
+                args.block_size,
+                cache_dir=args.cache_dir,
+                num_proc=args.num_proc,
+                desc=split,
+            )
         except CorpusError as err:
             raise CorpusError(
                 f"--data {' '.join(args.data or ['(built-in)'])}, {split} split: {err}"
             ) from err
-        rows.append((split, len(docs), sum(len(d) for d in docs), blocks.numel(), blocks.shape[0]))
+        rows.append((split, n_docs, chars, blocks.numel(), blocks.shape[0]))
 
     print(f"\ncorpus {corpus.name}, block size {args.block_size}, vocabulary {len(tokenizer)}")
     # Tokens are those in whole blocks: what training sees (each split drops its tail shorter than a block).

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import random
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+
+SPLITS = ("train", "validation", "test")
 
 
 class CorpusError(ValueError):
@@ -28,6 +30,34 @@ class CorpusSplits:
             for split, docs in (("train", self.train), ("validation", self.validation), ("test", self.test))
         }
 
+    def documents(self, split: str) -> Iterator[str]:
+        """The documents of ``split`` (``train``, ``validation`` or ``test``), in order."""
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        return iter(getattr(self, split))
+
+
+def held_out_ids(
+    n: int, *, seed: int, validation_fraction: float, test_fraction: float
+) -> tuple[frozenset[int], frozenset[int]] | None:
+    """The indices of the validation and test documents among ``n``, by a seeded shuffle of ``range(n)``; None
+    when ``n`` is too small to leave a training document (then split by position). The fractions are checked."""
+    for arg, value in (("validation_fraction", validation_fraction), ("test_fraction", test_fraction)):
+        if not 0.0 <= value < 1.0:
+            raise CorpusError(f"{arg} must be in [0, 1), got {value}")
+    if validation_fraction + test_fraction >= 1.0:
+        raise CorpusError(
+            f"validation_fraction + test_fraction must be below 1 to leave training data, "
+            f"got {validation_fraction} + {test_fraction}"
+        )
+    n_val = max(1, round(validation_fraction * n)) if validation_fraction > 0 else 0
+    n_test = max(1, round(test_fraction * n)) if test_fraction > 0 else 0
+    if n - n_val - n_test < 1:
+        return None
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    return frozenset(order[:n_val]), frozenset(order[n_val : n_val + n_test])
+
 
 def split_documents(
     name: str,
@@ -44,35 +74,30 @@ def split_documents(
     validation part and a trailing test part, in proportion to the fractions, and a warning says so.
     Documents keep their input order inside each split.
     """
-    for arg, value in (("validation_fraction", validation_fraction), ("test_fraction", test_fraction)):
-        if not 0.0 <= value < 1.0:
-            raise CorpusError(f"{arg} must be in [0, 1), got {value}")
-    if validation_fraction + test_fraction >= 1.0:
-        raise CorpusError(
-            f"validation_fraction + test_fraction must be below 1 to leave training data, "
-            f"got {validation_fraction} + {test_fraction}"
-        )
     if not documents:
         raise CorpusError(f"{name}: no documents to split")
-    n = len(documents)
-    n_val = max(1, round(validation_fraction * n)) if validation_fraction > 0 else 0
-    n_test = max(1, round(test_fraction * n)) if test_fraction > 0 else 0
-    if n - n_val - n_test < 1:
-        warnings.warn(
-            f"{name}: {n} document(s) are too few to split by document; splitting each one by position "
-            f"(first {1 - validation_fraction - test_fraction:.0%} train, then validation, then test)",
-            stacklevel=2,
-        )
+    ids = held_out_ids(
+        len(documents), seed=seed, validation_fraction=validation_fraction, test_fraction=test_fraction
+    )
+    if ids is None:
+        warn_split_by_position(name, len(documents), validation_fraction, test_fraction)
         return _split_by_position(name, documents, validation_fraction, test_fraction)
-    order = list(range(n))
-    random.Random(seed).shuffle(order)
-    val_ids, test_ids = set(order[:n_val]), set(order[n_val : n_val + n_test])
+    val_ids, test_ids = ids
     train = [d for i, d in enumerate(documents) if i not in val_ids and i not in test_ids]
     return CorpusSplits(
         name=name,
         train=train,
         validation=[documents[i] for i in sorted(val_ids)],
         test=[documents[i] for i in sorted(test_ids)],
+    )
+
+
+def warn_split_by_position(name: str, n: int, validation_fraction: float, test_fraction: float) -> None:
+    """Say that ``n`` documents are too few to split by document, so each is split by position."""
+    warnings.warn(
+        f"{name}: {n} document(s) are too few to split by document; splitting each one by position "
+        f"(first {1 - validation_fraction - test_fraction:.0%} train, then validation, then test)",
+        stacklevel=3,
     )
 
 

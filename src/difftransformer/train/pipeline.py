@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from difftransformer.data import load_corpus, load_tokenizer, packed_blocks, train_tokenizer
+from difftransformer.data import load_tokenizer, open_corpus, packed_blocks, train_tokenizer
 from difftransformer.train.presets import Preset
 from difftransformer.train.retrieval import mix_in, needle_training_blocks
 from difftransformer.train.settings import DataOptions
@@ -16,8 +16,13 @@ from difftransformer.train.settings import DataOptions
 
 @dataclass
 class PreparedData:
-    """Token blocks (n, block_size) int64 for training, validation (during training) and testing (after), the
-    tokenizer, the held-out documents (haystacks for retrieval checks) and how many training blocks hold needles."""
+    """Token blocks for training, validation (during training) and testing (after), the tokenizer, the held-out
+    test documents (haystacks for retrieval checks, a list of str in memory) and how many training blocks hold
+    needles.
+
+    Each ``*_blocks`` is an int64 ``torch.Tensor`` of shape (n, block_size) that views a memory-mapped cache file
+    (:func:`difftransformer.data.packed_blocks`; copy-on-write, so indexing reads only the rows asked for and
+    writing never changes the file). With needles mixed in, ``train_blocks`` is the in-memory mix instead."""
 
     tokenizer: object
     train_blocks: torch.Tensor
@@ -38,19 +43,31 @@ def prepare_data(
     needle_digits: int = 6,
     seed: int = 0,
     cache_dir: str | Path | None = None,
+    num_proc: int | None = None,
 ) -> PreparedData:
     """Load ``data`` (None: the built-in Shakespeare), train a byte-level BPE on its training split (or load
     ``tokenizer_path``), pack every split into blocks, and replace ``needle_fraction`` of the training blocks with
-    multi-needle retrieval examples whose haystacks come from the training text."""
+    multi-needle retrieval examples whose haystacks come from the training text. The corpus is streamed, never
+    held in memory; ``num_proc`` processes tokenise it (default: the CPU count) when its blocks are not cached."""
     if not 0.0 <= needle_fraction < 1.0:
         raise ValueError(f"needle_fraction must be in [0, 1); got {needle_fraction}")
-    corpus = load_corpus(data, cache_dir=cache_dir, seed=seed)
+    corpus = open_corpus(data, cache_dir=cache_dir, seed=seed)
     tokenizer = (
-        load_tokenizer(tokenizer_path) if tokenizer_path else train_tokenizer(corpus.train, vocab_size)
+        load_tokenizer(tokenizer_path)
+        if tokenizer_path
+        else train_tokenizer(corpus.documents("train"), vocab_size)
     )
-    train = packed_blocks(corpus.train, tokenizer, block_size, cache_dir=cache_dir)
-    validation = packed_blocks(corpus.validation, tokenizer, block_size, cache_dir=cache_dir)
-    test = packed_blocks(corpus.test, tokenizer, block_size, cache_dir=cache_dir)
+    train, validation, test = (
+        packed_blocks(
+            lambda split=split: corpus.documents(split),
+            tokenizer,
+            block_size,
+            cache_dir=cache_dir,
+            num_proc=num_proc,
+            desc=split,
+        )
+        for split in ("train", "validation", "test")
+    )
     count = round(needle_fraction * train.shape[0])
     if count:
         needles = needle_training_blocks(
@@ -62,7 +79,7 @@ def prepare_data(
         train_blocks=train,
         validation_blocks=validation,
         test_blocks=test,
-        test_texts=list(corpus.test),
+        test_texts=list(corpus.documents("test")),
         needle_blocks=count,
         corpus_name=corpus.name,
     )
@@ -80,4 +97,5 @@ def prepare_preset_data(preset: Preset, options: DataOptions, seed: int) -> Prep
         needle_digits=preset.needle_digits,
         seed=seed,
         cache_dir=options.cache_dir,
+        num_proc=options.num_proc,
     )

@@ -78,17 +78,28 @@ class TrainResult:
     global_step: int
 
 
-class Blocks(Dataset):
-    """Packed (n, T) token ids as causal-LM examples; labels are the inputs (the model shifts them)."""
+# Rows of a block tensor whose ids _check_blocks reads up front (evenly spaced); a memory-mapped tensor is not read
+# whole, and Blocks checks every row it serves.
+_CHECKED_ROWS = 4096
 
-    def __init__(self, blocks: torch.Tensor) -> None:
+
+class Blocks(Dataset):
+    """Packed (n, T) token ids as causal-LM examples; labels are the inputs (the model shifts them). ``blocks`` may
+    view a memory-mapped file: only the rows asked for are read. With ``vocab_size``, every row served is checked
+    to hold ids in ``[0, vocab_size)``."""
+
+    def __init__(self, blocks: torch.Tensor, vocab_size: int | None = None) -> None:
         self.blocks = blocks
+        self.vocab_size = vocab_size
 
     def __len__(self) -> int:
         return self.blocks.shape[0]
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.blocks[index], "labels": self.blocks[index]}
+        row = self.blocks[index]
+        if self.vocab_size is not None and (int(row.max()) >= self.vocab_size or int(row.min()) < 0):
+            raise ValueError(f"block {index} holds ids outside [0, vocab_size={self.vocab_size})")
+        return {"input_ids": row, "labels": row}
 
 
 def _check_blocks(
@@ -99,7 +110,9 @@ def _check_blocks(
             raise ValueError(
                 f"{name} must be a non-empty (n, T) int64 tensor; got {tuple(blocks.shape)} {blocks.dtype}"
             )
-        if int(blocks.max()) >= config.vocab_size or int(blocks.min()) < 0:
+        n = blocks.shape[0]
+        rows = blocks if n <= _CHECKED_ROWS else blocks[torch.linspace(0, n - 1, _CHECKED_ROWS).long()]
+        if int(rows.max()) >= config.vocab_size or int(rows.min()) < 0:
             raise ValueError(f"{name} holds ids outside [0, vocab_size={config.vocab_size})")
     if train_blocks.shape[1] != eval_blocks.shape[1]:
         raise ValueError(
@@ -153,8 +166,8 @@ def train_model(
         trainer = LanguageModelTrainer(
             model=model,
             args=args,
-            train_dataset=Blocks(train_blocks),
-            eval_dataset=Blocks(eval_blocks),
+            train_dataset=Blocks(train_blocks, config.vocab_size),
+            eval_dataset=Blocks(eval_blocks, config.vocab_size),
             data_collator=default_data_collator,
             processing_class=tokenizer,
             callbacks=[

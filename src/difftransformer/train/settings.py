@@ -139,8 +139,8 @@ class DataOptions:
 
     data: list[str] | None = field(
         default=None,
-        metadata={"help": "your own text instead of the built-in Shakespeare corpus: .txt/.md/.jsonl/.json "
-                  "files, globs, folders, or a datasets name where a hub is reachable"},
+        metadata={"help": "your own text instead of the built-in Shakespeare corpus: .txt/.md/.jsonl/.json/"
+                  ".parquet files, globs, folders, or a datasets name where a hub is reachable"},
     )  # fmt: skip
     tokenizer: str | None = field(
         default=None, metadata={"help": "a saved tokenizer folder instead of training one"}
@@ -150,6 +150,9 @@ class DataOptions:
         metadata={"help": "cache for the corpus and packed blocks (default: $DIFFTRANSFORMER_CACHE, else "
                   "$XDG_CACHE_HOME/difftransformer, else ~/.cache/difftransformer)"},
     )  # fmt: skip
+    num_proc: int | None = field(
+        default=None, metadata={"help": "worker processes that tokenise uncached data (default: the CPU count)"}
+    )
 
 
 def add_options(
