@@ -78,9 +78,10 @@ class TrainResult:
     global_step: int
 
 
-# Rows of a block tensor whose ids _check_blocks reads up front (evenly spaced); a memory-mapped tensor is not read
-# whole, and Blocks checks every row it serves.
-_CHECKED_ROWS = 4096
+# Rows of a block tensor whose ids _check_blocks reads up front (evenly spaced): a memory-mapped tensor is not read
+# whole (each row read can map a megabyte of the file into the process: fault-around, large folios), and Blocks
+# checks every row it serves.
+_CHECKED_ROWS = 8
 
 
 class Blocks(Dataset):
