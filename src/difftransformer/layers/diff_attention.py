@@ -73,6 +73,7 @@ class DiffAttention(nn.Module):
         num_heads: differential heads h (half the matched Transformer's).
         num_kv_heads: differential KV heads h_kv (divides h).
         layer_idx: 0-based depth, for lambda_init and the cache.
+        head_dim: a head's width 2d; None gives hidden_size / num_heads (an upcycled model's heads are wider).
         lambda_init: constant, or None for the depth schedule.
         lambda_std: std of the four lambda vectors at init.
         subln: per-head RMSNorm with a gain ("affine"), without ("plain"), or no norm ("none").
@@ -88,6 +89,7 @@ class DiffAttention(nn.Module):
         num_kv_heads: int,
         layer_idx: int,
         *,
+        head_dim: int | None = None,
         lambda_init: float | None = None,
         lambda_std: float = 0.1,
         subln: SublnMode = "affine",
@@ -97,7 +99,7 @@ class DiffAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.layer_idx = num_heads, num_kv_heads, layer_idx
-        self.head_dim = hidden_size // num_heads
+        self.head_dim = head_dim or hidden_size // num_heads
         self.map_head_dim = self.head_dim // 2
         self.lambda_init = depth_lambda_init(layer_idx) if lambda_init is None else float(lambda_init)
         self.rope_style, self.is_causal = rope_style, causal

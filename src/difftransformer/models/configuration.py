@@ -39,6 +39,9 @@ class DiffTransformerConfig(PreTrainedConfig):
             (width d = hidden_size / heads). ``head_dim`` is hidden_size / num_attention_heads for every kind:
             the width of a head's value and of its cache entries (2d for DIFF V1), as transformers sizes caches.
         num_key_value_heads: KV heads counted like ``num_attention_heads``; None means no GQA.
+        map_dim: DIFF V1 only: the maps' width d when it is not hidden_size / (2h), so that heads are 2d wide
+            whatever d_model; a DIFF V1 model upcycled from a softmax one keeps the source's head width as d
+            (convert/upcycle.py). None: hidden_size / (2h).
         attention: "diff" (DIFF V1), "diff_v2" (the authors' 2026 revision) or "softmax" (the baseline).
         rope_style: "interleaved" (the authors' GPT-J pairing) or "half" (Llama/DiffLlama pairing).
         subln: DIFF V1 per-head RMSNorm: "affine" (learnable gain, the authors' current code), "plain" (no
@@ -70,6 +73,7 @@ class DiffTransformerConfig(PreTrainedConfig):
     num_hidden_layers: int = 4
     num_attention_heads: int = 4
     num_key_value_heads: int | None = None
+    map_dim: int | None = None
     attention: str = "diff"
     rope_style: str = "interleaved"
     subln: str = "affine"
@@ -122,7 +126,12 @@ class DiffTransformerConfig(PreTrainedConfig):
                 f"num_key_value_heads must be a positive divisor of num_attention_heads ({heads}); got {kv_heads}"
             )
         maps = 2 * heads if self.attention == "diff" else heads
-        if self.hidden_size % maps:
+        if self.map_dim is not None:
+            if self.attention != "diff":
+                raise ValueError(f"map_dim is for attention='diff' only; got attention={self.attention!r}")
+            if not isinstance(self.map_dim, int) or self.map_dim < 1:
+                raise ValueError(f"map_dim must be a positive integer or None; got {self.map_dim!r}")
+        elif self.hidden_size % maps:
             what = (
                 "2 * num_attention_heads (two maps per differential head)"
                 if self.attention == "diff"
@@ -131,7 +140,8 @@ class DiffTransformerConfig(PreTrainedConfig):
             raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by {what} = {maps}")
         if self.map_head_dim % 2:
             raise ValueError(
-                f"the rotary width (the maps' head dim d = hidden_size / {maps} = {self.map_head_dim}) must be even"
+                f"the rotary width (the maps' head dim d = map_dim or hidden_size / {maps} = {self.map_head_dim}) "
+                "must be even"
             )
         rope_type = self.rope_parameters.get("rope_type")
         if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
@@ -148,8 +158,10 @@ class DiffTransformerConfig(PreTrainedConfig):
 
     @property
     def head_dim(self) -> int:
-        """Width of one head's value and cache entries, hidden_size / num_attention_heads: 2d for DIFF V1 (its
-        K1 | K2 and its 2d-wide V), d for the others. Caches are (B, num_key_value_heads, S, head_dim)."""
+        """Width of one head's value and cache entries, hidden_size / num_attention_heads (2 * map_dim when set):
+        2d for DIFF V1 (its K1 | K2 and its 2d-wide V), d for the others. Caches are (B, num_key_value_heads, S, head_dim)."""
+        if self.map_dim is not None:
+            return 2 * self.map_dim
         return self.hidden_size // self.num_attention_heads
 
     @property

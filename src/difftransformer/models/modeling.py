@@ -68,6 +68,7 @@ def build_attention(config: DiffTransformerConfig, layer_idx: int) -> nn.Module:
         lambda_init = None if config.lambda_init == "depth" else float(config.lambda_init)
         return DiffAttention(
             *args,
+            head_dim=config.head_dim,
             lambda_init=lambda_init,
             lambda_std=config.lambda_std,
             subln=config.subln,
