@@ -118,7 +118,7 @@ def light(light: dict | None = None, **fields) -> suite.SuiteSettings:
     """The micro preset's suite with fewer needle samples, so that the test takes seconds; ``light`` adds
     overrides of the tasks' light settings."""
     preset = get_preset("micro")
-    overrides = {"needle": {"samples": 1}, "quant": {"needle_samples": 1}, **(light or {})}
+    overrides = {"needle": {"samples": 1}, "quant": {"samples": 1}, **(light or {})}
     return suite.SuiteSettings(
         context_length=preset.block_size, needle_digits=preset.needle_digits, needles=((1, 1), (2, 2)),
         light=overrides, **fields,
@@ -186,7 +186,7 @@ def test_suite_refuses_bad_tasks_and_short_text():
         assert problem in str(err.value) and "needle, attention, outliers, quant, longctx, icl, mqar" in str(
             err.value
         )
-    with pytest.raises(ValueError, match="needle_samples must be >= 1; got 0"):
+    with pytest.raises(ValueError, match="--samples must be >= 1; got 0"):
         suite.SuiteSettings(light={"needle": {"samples": 0}})
     texts = synthetic_texts(count=12)
     tokenizer = small_tokenizer(texts, vocab_size=400)
@@ -237,16 +237,15 @@ def planted_suite(level: float) -> dict:
         "mqar": {"4": level, "8": level / 5},
     }
     options = {
-        "needle": {"number_digits": 3, "context_lengths": [256], "samples": 4, "depths": [0.0, 1.0]},
+        "needle": {"needle_digits": 3, "context_lengths": [256], "samples": 4, "depths": [0.0, 1.0]},
         "attention": {
-            "num_needles": 4,
-            "num_queries": 1,
-            "context_length": 256,
+            "needles": ["4:1"],
+            "context_lengths": [256],
             "samples": 2,
             "depths": [0.5],
         },
         "outliers": {"tokens": 1024, "length": 256},
-        "quant": {"num_sequences": 4, "length": 256, "needle_kwargs": {"samples": 2}, "bits": [16, 8, 6, 4]},
+        "quant": {"num_sequences": 4, "length": 256, "samples": 2, "bits": [16, 8, 6, 4]},
         "longctx": {"num_sequences": 8, "length": 256},
         "icl": {"test_size": 16, "shots": [0, 2], "orderings": 3},
         "mqar": {"sequences": 16},

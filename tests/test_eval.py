@@ -93,7 +93,7 @@ def needle_oracle(text: str) -> str:
 
 def test_needle_oracle_scores_one_and_wrong_model_zero(char_tokenizer, tmp_path):
     texts = generated_text(60)
-    grid = dict(context_lengths=[300], needle_configs=[(1, 1), (3, 2)], depths=[0.0, 0.5, 1.0], samples=2)
+    grid = dict(context_lengths=[300], needles=["1:1", "3:2"], depths=[0.0, 0.5, 1.0], samples=2)
     right = needle.run_needle(
         TextOracle(char_tokenizer, needle_oracle),
         char_tokenizer,
@@ -130,7 +130,7 @@ def test_needle_refuses_contexts_the_model_cannot_take(char_tokenizer):
         needle.run_needle(model, char_tokenizer, generated_text(40), context_lengths=[512], progress=False)
     with pytest.raises(ValueError, match="needs about"):
         needle.run_needle(model, char_tokenizer, generated_text(40), context_lengths=[200],
-                          needle_configs=[(6, 2)], progress=False)  # fmt: skip
+                          needles=["6:2"], progress=False)  # fmt: skip
 
 
 # --- attention allocation -----------------------------------------------------------------------
@@ -183,7 +183,7 @@ class PlantedAttention(nn.Module):
 def test_attention_allocation_end_to_end_on_planted_models(char_tokenizer, digits):
     texts = generated_text(40)
     kwargs = dict(
-        context_length=300, num_needles=1, num_queries=1, depths=[0.5], samples=1, number_digits=digits, seed=7,
+        context_lengths=[300], needles=["1:1"], depths=[0.5], samples=1, needle_digits=digits, seed=7,
         progress=False,
     )  # fmt: skip
     focused = run_attention(PlantedAttention(char_tokenizer, "needle"), char_tokenizer, texts, **kwargs)

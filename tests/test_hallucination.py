@@ -37,6 +37,7 @@ from difftransformer.eval.hallucination_qa import (
     make_qa_items,
     max_distractors,
 )
+from difftransformer.eval.options import to_json
 from difftransformer.eval.task import SuiteContext
 from difftransformer.storage import read_json
 
@@ -400,7 +401,7 @@ def test_prompts_too_long_for_the_model_are_refused_before_generating(tokenizer)
     with pytest.raises(ValueError, match="--distractors"):
         H.run_hallucination(model, tokenizer, families=["qa"], distractors=[7], samples=1, progress=False)
     with pytest.raises(ValueError, match="--article-words"):
-        H.run_hallucination(model, tokenizer, families=["summary"], documents=[SOURCE * 3], progress=False)
+        H.run_hallucination(model, tokenizer, families=["summary"], texts=[SOURCE * 3], progress=False)
     with pytest.raises(ValueError, match="--families"):
         H.run_hallucination(model, tokenizer, families=["qa", "poems"], progress=False)
 
@@ -422,9 +423,9 @@ def test_light_options_fit_the_context_and_run_on_held_out_texts(tokenizer, tmp_
         held_out_tokens=10_000,
     )
     options = H.TASK.light_options(light, suite)
-    assert options["distractors"] == [1, 3] and options["fit_context"] == context
+    assert options.distractors == [1, 3] and options.fit_context == context
     narrower = H.TASK.light_options(light, dataclasses.replace(suite, context_length=context - 1))
-    assert narrower["distractors"] == [1]
+    assert narrower.distractors == [1]
     model = tiny_diff(tokenizer, max_positions=context)
     texts = [SOURCE * 4, "Anna lives in Rome and keeps a cat. " * 20, "Bruno sings."]
     results = H.TASK.run(model, tokenizer, texts, options, tmp_path, progress=False)
@@ -436,7 +437,9 @@ def test_light_options_fit_the_context_and_run_on_held_out_texts(tokenizer, tmp_
     assert all(name in headers for panel in H.TASK.chart(summary).panels for name in panel.columns)
     values = {m.name: m.value(summary) for m in H.TASK.measures(summary)}
     assert values["contextual QA hallucination rate"] == summary["qa"]["hallucination"]
-    assert "XSum 0.44 / 0.53" in H.TASK.describe(options) and "Qasper 0.28 / 0.39" in H.TASK.describe(options)
+    assert "XSum 0.44 / 0.53" in H.TASK.describe(
+        to_json(options)
+    ) and "Qasper 0.28 / 0.39" in H.TASK.describe(to_json(options))
     vacuous = H.TASK.columns({"summary": {"free": 1.0, "unsupported_entities": None}})
     assert [(c.header, c.value) for c in vacuous] == [
         ("summaries judged free", 1.0),

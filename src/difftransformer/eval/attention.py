@@ -20,26 +20,23 @@ definition is the ordinary share of attention mass. Absolute-value shares are re
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from difftransformer.data.needles import NEEDLE_TEMPLATE, QUESTION_TEMPLATE, make_needle_sample
+from difftransformer.data.needles import make_needle_sample
 from difftransformer.eval.common import is_difftransformer, mean, model_device, pyplot, save_figure
 from difftransformer.eval.logits import attention_logits
-from difftransformer.eval.needle import (
-    DEFAULT_DEPTHS,
-    add_needle_arguments,
-    needle_options,
-    validate_needle_run,
-)
-from difftransformer.eval.task import Chart, Column, LightSettings, Measure, Panel, SuiteContext, Task
+from difftransformer.eval.needle import NeedleOptions, fit_needle_lengths, validate_needle_run
+from difftransformer.eval.options import flag, option, with_settings
+from difftransformer.eval.task import Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.storage import write_json
 
 
@@ -100,32 +97,44 @@ def allocation(
     return {k: np.array(v) for k, v in out.items()}
 
 
+@dataclass(frozen=True)
+class AttentionOptions(NeedleOptions):
+    """attention's settings (``difftransformer eval attention`` flags, :func:`run_attention` keywords): needle's,
+    with exactly one context length and one N:R pair."""
+
+    needles: list[str] = option(["4:1"], "one N:R pair (N needles, R of them queried; the first is read)")
+    samples: int = option(10, "samples per depth")
+    per_layer: bool = option(False, "also report shares per layer")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("context_lengths", "needles"):
+            if len(getattr(self, name)) != 1:
+                raise ValueError(f"attention takes exactly one {flag(name)} value; got {getattr(self, name)}")
+
+
 def run_attention(
     model: nn.Module,
     tokenizer,
     haystack_texts: Sequence[str],
+    options: AttentionOptions | None = None,
     *,
-    context_length: int = 1024,
-    num_needles: int = 4,
-    num_queries: int = 1,
-    depths: Sequence[float] = DEFAULT_DEPTHS,
-    samples: int = 10,
-    per_layer: bool = False,
-    number_digits: int = 6,
-    seed: int = 0,
     output_dir=None,
     progress: bool = True,
+    **settings: Any,
 ) -> dict:
     """Attention shares on the answer needle and on the rest of the context, by depth (paper Table 3).
 
-    ``number_digits``: digits of the magic numbers (a model trained on 3-digit needles is read on 3-digit ones).
-    Writes attention.json and attention.png (shares against depth)."""
-    if samples < 1:
-        raise ValueError(f"--samples must be >= 1; got {samples}")
+    ``options``: an :class:`AttentionOptions`, or its fields as keywords; ``needle_digits`` is the digits of the
+    magic numbers (a model trained on 3-digit needles is read on 3-digit ones). Writes attention.json and
+    attention.png (shares against depth)."""
+    options = with_settings(options, AttentionOptions, settings)
+    (context_length,), [(num_needles, num_queries)] = options.context_lengths, options.pairs
+    depths, samples, per_layer, seed = options.depths, options.samples, options.per_layer, options.seed
     stream = tokenizer("\n".join(haystack_texts), add_special_tokens=False)["input_ids"]
     validate_needle_run(
         model, tokenizer, len(stream), [context_length], [(num_needles, num_queries)],
-        NEEDLE_TEMPLATE, QUESTION_TEMPLATE, number_digits,
+        options.needle_template, options.question_template, options.needle_digits,
     )  # fmt: skip
     # The gold answer's tokens follow the prompt (teacher forcing) as a greedy answer would: like needle's decoding,
     # only the prompt is held to max_position_embeddings (validate_needle_run), so a model trained on blocks of
@@ -139,7 +148,8 @@ def run_attention(
             for _ in range(samples):
                 sample = make_needle_sample(
                     tokenizer, stream, context_tokens=context_length, num_needles=num_needles,
-                    num_queries=num_queries, depth=depth, rng=rng, number_digits=number_digits,
+                    num_queries=num_queries, depth=depth, rng=rng, needle_template=options.needle_template,
+                    question_template=options.question_template, number_digits=options.needle_digits,
                 )  # fmt: skip
                 prompt, answer = sample.prompt_ids[0], sample.answer_ids[0]
                 ids = torch.tensor([prompt + answer[:-1]], device=device)
@@ -179,46 +189,29 @@ def plot_allocation(by_depth: list[dict], path) -> None:
     save_figure(fig, path)
 
 
-@dataclass(frozen=True)
-class AttentionLight(LightSettings):
-    """attention in a comparison: its one N:R pair, answer depths and samples per depth."""
-
-    needles: tuple[int, int] = (4, 1)
-    depths: tuple[float, ...] = (0.0, 0.5, 1.0)
-    samples: int = 2
-
-
 class AttentionTask(Task):
     """Attention allocation in retrieval: shares of attention on the answer needle and on the rest of the context."""
 
     name = "attention"
     title = "Attention allocation in retrieval (attention)"
     help = "attention allocation in retrieval: attention on the answer needle against the rest (noise)"
-    light = AttentionLight()
+    Options = AttentionOptions
+    light = AttentionOptions(depths=[0.0, 0.5, 1.0], samples=2)
 
-    def configure(self, parser: argparse.ArgumentParser) -> None:
-        add_needle_arguments(parser, pairs="4:1", samples=10, title="attention (one length and one N:R pair)")
-        parser.add_argument("--per-layer", action="store_true", help="also report shares per layer")
+    def fit(
+        self, options: AttentionOptions, model: nn.Module, tokenizer: Any, given: frozenset[str]
+    ) -> AttentionOptions:
+        return fit_needle_lengths(options, model, given)
 
-    def options(self, args: argparse.Namespace, model: nn.Module) -> dict:
-        grid = needle_options(args)
-        if len(grid["context_lengths"]) != 1 or len(grid["needle_configs"]) != 1:
-            raise ValueError("attention takes exactly one --context-lengths value and one --needles N:R pair")
-        (n, r), length = grid["needle_configs"][0], grid["context_lengths"][0]
-        return dict(
-            context_length=length, num_needles=n, num_queries=r, depths=grid["depths"], samples=grid["samples"],
-            per_layer=args.per_layer, number_digits=grid["number_digits"], seed=args.seed,
-        )  # fmt: skip
+    def light_options(self, light: AttentionOptions, suite: SuiteContext) -> AttentionOptions:
+        return dataclasses.replace(
+            light, context_lengths=[suite.context_length], needle_digits=suite.needle_digits, seed=suite.seed
+        )
 
-    def light_options(self, light: AttentionLight, suite: SuiteContext) -> dict:
-        n, r = light.needles
-        return dict(
-            context_length=suite.context_length, num_needles=n, num_queries=r, depths=list(light.depths),
-            samples=light.samples, number_digits=suite.needle_digits, seed=suite.seed,
-        )  # fmt: skip
-
-    def run(self, model, tokenizer, texts, options, output_dir: Path, progress: bool) -> dict:
-        return run_attention(model, tokenizer, texts, **options, output_dir=output_dir, progress=progress)
+    def run(
+        self, model, tokenizer, texts, options: AttentionOptions, output_dir: Path, progress: bool
+    ) -> dict:
+        return run_attention(model, tokenizer, texts, options, output_dir=output_dir, progress=progress)
 
     def summarise(self, results: dict) -> dict:
         depths = results["by_depth"]
@@ -233,8 +226,8 @@ class AttentionTask(Task):
     def describe(self, options: dict) -> str:
         return (
             f"Share of attention that the answer-producing positions put on the answer needle and on the rest "
-            f"of the context (noise), {options['num_needles']}:{options['num_queries']} needles in "
-            f"{options['context_length']}-token contexts with the answer needle at depths {options['depths']} "
+            f"of the context (noise), {options['needles'][0]} needles in "
+            f"{options['context_lengths'][0]}-token contexts with the answer needle at depths {options['depths']} "
             f"({options['samples']} per depth), averaged over heads, layers and depths. DIFF maps count negative "
             "entries with their sign. More on the answer and less on the noise is better."
         )

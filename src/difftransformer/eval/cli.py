@@ -1,16 +1,23 @@
 """``difftransformer eval TASK --model PATH``: run one of the paper's experiments on a causal LM checkpoint.
 
 One sub-command per registered task (:mod:`difftransformer.eval.registry`), each with the options every task
-shares (model, output, seed, device, dtype, held-out text) and its own. Results go to
-OUTPUT_DIR/TASK.json with PNG plots beside; see docs/evaluation.md.
+shares (model, output, seed, device, dtype, held-out text) and its own, generated from the task's options
+dataclass. Defaults the model cannot take are fitted to it (one printed line says so); values given on the
+command line are never changed. Results go to OUTPUT_DIR/TASK.json with PNG plots beside; see
+docs/evaluation.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
+from difftransformer.eval.options import add_flags, flag, given_settings, to_json
 from difftransformer.eval.registry import all_tasks, get_task
+
+# Options fields that a shared flag sets rather than a flag of their own.
+SHARED_FIELDS = ("seed",)
 
 
 def _shared_options(parser: argparse.ArgumentParser) -> None:
@@ -45,7 +52,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         sub = commands.add_parser(task.name, help=task.help, description=task.help)
         _shared_options(sub)
         _text_options(sub, task.reads_text)
-        task.configure(sub)
+        add_flags(sub.add_argument_group(task.name), task.Options, exclude=SHARED_FIELDS)
+
+
+def fitted_line(before, after, limit: int | None) -> str | None:
+    """The line saying which defaults were fitted to the model (None when none was)."""
+    old, new = to_json(before), to_json(after)
+    changed = [f"{flag(name)} {old[name]} -> {new[name]}" for name in old if old[name] != new[name]]
+    if not changed:
+        return None
+    return f"defaults fitted to the model's max_position_embeddings = {limit}: {'; '.join(changed)}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,14 +69,21 @@ def run(args: argparse.Namespace) -> int:
     from difftransformer.eval import common
 
     task = get_task(args.task)
+    given = given_settings(args, task.Options)
+    names = {f.name for f in dataclasses.fields(task.Options)}
+    given.update({name: getattr(args, name) for name in SHARED_FIELDS if name in names})
+    options = task.Options(**given)  # checks every value before the model is loaded
     output_dir = Path(args.output_dir or Path("runs") / "eval" / task.name)
     common.seed_everything(args.seed)
     model, tokenizer = common.load_model_and_tokenizer(
         args.model, dtype=args.dtype, device=args.device, need_tokenizer=task.needs_tokenizer
     )
     texts = common.load_texts(args.text_file, args.data, args.split) if task.reads_text else None
-    options = task.options(args, model)
-    results = task.run(model, tokenizer, texts, options, output_dir, not args.no_progress)
+    fitted = task.fit(options, model, tokenizer, frozenset(given))
+    line = fitted_line(options, fitted, common.max_context(model))
+    if line:
+        print(line)
+    results = task.run(model, tokenizer, texts, fitted, output_dir, not args.no_progress)
     print(f"{task.name}: {task.summarise(results)}")
     print(f"results written to {output_dir}")
     return 0

@@ -87,6 +87,11 @@ def check_context_length(model: nn.Module, length: int, what: str = "--context-l
         )
 
 
+def capped(lengths: Sequence[int], limit: int) -> list[int]:
+    """``lengths`` capped at ``limit``, distinct, in their order: [256, 1024] at 512 -> [256, 512]."""
+    return list(dict.fromkeys(min(length, limit) for length in lengths))
+
+
 def model_device(model: nn.Module) -> torch.device:
     """The device of the model's first parameter (CPU for a model without parameters)."""
     for param in model.parameters():

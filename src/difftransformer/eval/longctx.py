@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from difftransformer.eval.common import check_context_length, model_device, pyplot, save_figure, token_stream
-from difftransformer.eval.task import Chart, Column, LightSettings, Measure, Panel, SuiteContext, Task
+from difftransformer.eval.common import (
+    check_context_length,
+    max_context,
+    model_device,
+    pyplot,
+    save_figure,
+    token_stream,
+)
+from difftransformer.eval.options import at_least, option, with_settings
+from difftransformer.eval.task import Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.storage import write_json
 
 
@@ -41,23 +50,33 @@ def cumulative_average(values: torch.Tensor) -> torch.Tensor:
     return torch.cumsum(values, 0) / torch.arange(1, values.shape[0] + 1, dtype=values.dtype)
 
 
+@dataclass(frozen=True)
+class LongctxOptions:
+    """longctx's settings (``difftransformer eval longctx`` flags, :func:`run_longctx` keywords)."""
+
+    length: int = option(2048, "window length in tokens")
+    num_sequences: int = option(8, "held-out windows")
+
+    def __post_init__(self) -> None:
+        at_least(self, 2, "length")
+        at_least(self, 1, "num_sequences")
+
+
 def run_longctx(
     model: nn.Module,
     token_ids: Sequence[int],
+    options: LongctxOptions | None = None,
     *,
-    length: int = 2048,
-    num_sequences: int = 8,
     output_dir=None,
     progress: bool = True,
+    **settings: Any,
 ) -> dict:
     """Cut ``num_sequences`` non-overlapping windows of ``length`` tokens from ``token_ids`` and report the
     per-position and cumulative average NLL (positions 1..length-1, i.e. tokens predicted with 0..L-2
-    tokens of context before them). Writes longctx.json and longctx.png."""
+    tokens of context before them); ``options``, or its fields as keywords. Writes longctx.json and longctx.png."""
+    options = with_settings(options, LongctxOptions, settings)
+    length, num_sequences = options.length, options.num_sequences
     check_context_length(model, length, "--length")
-    if length < 2:
-        raise ValueError(f"--length must be >= 2; got {length}")
-    if num_sequences < 1:
-        raise ValueError(f"--num-sequences must be >= 1; got {num_sequences}")
     need = length * num_sequences
     if len(token_ids) < need:
         raise ValueError(
@@ -96,36 +115,32 @@ def plot_cumulative(curves: Sequence[tuple[str, np.ndarray]], path) -> None:
     save_figure(fig, path)
 
 
-@dataclass(frozen=True)
-class LongctxLight(LightSettings):
-    """longctx in a comparison: held-out windows whose per-position NLL is averaged."""
-
-    sequences: int = 8
-
-
 class LongctxTask(Task):
     """Long-context modelling: next-token NLL by position, its mean and its cumulative average."""
 
     name = "longctx"
     title = "NLL by position (longctx)"
     help = "long-context modelling: cumulative average NLL by position on held-out text"
-    light = LongctxLight()
+    Options = LongctxOptions
+    light = LongctxOptions()  # the suite's context, as many of the 8 windows as the text holds
 
-    def configure(self, parser: argparse.ArgumentParser) -> None:
-        group = parser.add_argument_group("longctx")
-        group.add_argument("--length", type=int, default=2048, help="window length in tokens (default 2048)")
-        group.add_argument("--num-sequences", type=int, default=8, help="held-out windows (default 8)")
+    def fit(
+        self, options: LongctxOptions, model: nn.Module, tokenizer: Any, given: frozenset[str]
+    ) -> LongctxOptions:
+        limit = max_context(model)
+        if "length" in given or limit is None:
+            return options
+        return dataclasses.replace(options, length=min(options.length, limit))
 
-    def options(self, args: argparse.Namespace, model: nn.Module) -> dict:
-        check_context_length(model, args.length, "--length")
-        return dict(length=args.length, num_sequences=args.num_sequences)
+    def light_options(self, light: LongctxOptions, suite: SuiteContext) -> LongctxOptions:
+        return dataclasses.replace(
+            light, length=suite.context_length, num_sequences=suite.windows(light.num_sequences)
+        )
 
-    def light_options(self, light: LongctxLight, suite: SuiteContext) -> dict:
-        return dict(length=suite.context_length, num_sequences=suite.windows(light.sequences))
-
-    def run(self, model, tokenizer, texts, options, output_dir: Path, progress: bool) -> dict:
-        ids = token_stream(tokenizer, texts, options["length"] * options["num_sequences"])
-        return run_longctx(model, ids, **options, output_dir=output_dir, progress=progress)
+    def run(self, model, tokenizer, texts, options: LongctxOptions, output_dir: Path, progress: bool) -> dict:
+        check_context_length(model, options.length, "--length")  # before reading the text
+        ids = token_stream(tokenizer, texts, options.length * options.num_sequences)
+        return run_longctx(model, ids, options, output_dir=output_dir, progress=progress)
 
     def summarise(self, results: dict) -> dict:
         cumulative = results["cumulative_nll"]

@@ -14,10 +14,10 @@ A pretrained LM sees gibberish tokens, which is the point: only in-context recal
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,13 +26,14 @@ from tqdm.auto import tqdm
 
 from difftransformer.eval.common import (
     check_context_length,
+    max_context,
     mean,
     model_device,
-    parse_list,
     pyplot,
     save_figure,
 )
-from difftransformer.eval.task import UNIT, Chart, Column, LightSettings, Measure, Panel, SuiteContext, Task
+from difftransformer.eval.options import at_least, not_empty, option, with_settings
+from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.storage import write_json
 
 
@@ -91,27 +92,48 @@ def mqar_accuracy(model: nn.Module, input_ids, query_positions, targets) -> floa
     return float((predicted == targets).float().mean())
 
 
+@dataclass(frozen=True)
+class MqarOptions:
+    """mqar's settings (``difftransformer eval mqar`` flags, :func:`run_mqar` keywords)."""
+
+    num_pairs: list[int] = option([4, 8, 16, 32, 64], "key-value pairs per sequence, one setting each")
+    num_queries: int | None = option(None, "queries per sequence (unset: every key, capped at the pairs)")
+    sequences: int = option(64, "sequences per setting")
+    batch_size: int = option(16, "sequences per forward pass")
+    first_id: int | None = option(None, "lowest vocabulary id for keys and values (unset: 256, or a quarter of "
+                                  "a smaller vocabulary)")  # fmt: skip
+    seed: int = option(0, "seed of the draws")
+
+    def __post_init__(self) -> None:
+        not_empty(self, "num_pairs")
+        at_least(self, 1, "num_pairs", "num_queries", "sequences", "batch_size")
+        at_least(self, 0, "first_id")
+
+    def queries(self, pairs: int) -> int:
+        """Queries of a sequence of ``pairs`` key-value pairs."""
+        return pairs if self.num_queries is None else min(self.num_queries, pairs)
+
+
 def run_mqar(
     model: nn.Module,
     tokenizer=None,
+    options: MqarOptions | None = None,
     *,
-    num_pairs: Sequence[int] = (4, 8, 16, 32, 64),
-    num_queries: int | None = None,
-    sequences: int = 64,
-    batch_size: int = 16,
-    first_id: int | None = None,
-    seed: int = 0,
     output_dir=None,
     progress: bool = True,
+    **settings: Any,
 ) -> dict:
-    """MQAR accuracy for each number of key-value pairs; ``num_queries`` defaults to num_pairs (every key
-    asked once). Writes mqar.json and mqar.png."""
+    """MQAR accuracy for each number of key-value pairs (``options``, or its fields as keywords). Writes
+    mqar.json and mqar.png."""
+    options = with_settings(options, MqarOptions, settings)
+    num_pairs, sequences, batch_size = options.num_pairs, options.sequences, options.batch_size
+    first_id, seed = options.first_id, options.seed
     vocab_size = int(model.config.vocab_size)
     # Default: skip the lowest ids (special and byte tokens), at most a quarter of a small vocabulary.
     first_id = min(256, vocab_size // 4) if first_id is None else first_id
     key_ids, value_ids = usable_ids(vocab_size, first_id, tokenizer)
     for n in num_pairs:
-        q = n if num_queries is None else min(num_queries, n)
+        q = options.queries(n)
         check_context_length(model, 2 * (n + q), "--num-pairs (2 x (pairs + queries) tokens)")
         if n > min(len(key_ids), len(value_ids)):
             raise ValueError(
@@ -120,7 +142,7 @@ def run_mqar(
     rng = np.random.default_rng(seed)
     rows = []
     for n in tqdm(num_pairs, desc="mqar", unit="setting", disable=not progress):
-        q = n if num_queries is None else min(num_queries, n)
+        q = options.queries(n)
         scores, done = [], 0
         while done < sequences:
             size = min(batch_size, sequences - done)
@@ -155,15 +177,6 @@ def fitting_pairs(context_length: int, most: int) -> list[int]:
     return pairs
 
 
-@dataclass(frozen=True)
-class MqarLight(LightSettings):
-    """mqar in a comparison: every power of two from 4 pairs up to ``max_pairs`` whose sequence (keys, values,
-    queries) fits the context; sequences per setting."""
-
-    max_pairs: int = 64
-    sequences: int = 16
-
-
 # Accuracy at or below this counts as "at chance": associative recall not learned.
 CHANCE_MARGIN = 0.05
 
@@ -176,37 +189,29 @@ class MqarTask(Task):
     help = "multi-query associative recall: in-context key-value recall on raw vocabulary ids"
     reads_text = False
     needs_tokenizer = False
-    light = MqarLight()
+    Options = MqarOptions
+    # In a comparison: every power of two from 4 pairs up to the largest of num_pairs whose sequence fits.
+    light = MqarOptions(sequences=16)
 
-    def configure(self, parser: argparse.ArgumentParser) -> None:
-        group = parser.add_argument_group("mqar")
-        group.add_argument("--num-pairs", default="4,8,16,32,64", help="key-value pairs per sequence "
-                           "(comma-separated)")  # fmt: skip
-        group.add_argument("--num-queries", type=int, default=None, help="queries per sequence (default: "
-                           "every key)")  # fmt: skip
-        group.add_argument("--sequences", type=int, default=64, help="sequences per setting (default 64)")
-        group.add_argument(
-            "--batch-size", type=int, default=16, help="sequences per forward pass (default 16)"
-        )
-        group.add_argument("--first-id", type=int, default=None, help="lowest vocabulary id used for keys/values "
-                           "(default 256, or a quarter of a smaller vocabulary)")  # fmt: skip
+    def fit(
+        self, options: MqarOptions, model: nn.Module, tokenizer: Any, given: frozenset[str]
+    ) -> MqarOptions:
+        limit = max_context(model)
+        if "num_pairs" in given or limit is None:
+            return options
+        pairs = [n for n in options.num_pairs if 2 * (n + options.queries(n)) <= limit]
+        return dataclasses.replace(options, num_pairs=pairs) if pairs else options
 
-    def options(self, args: argparse.Namespace, model: nn.Module) -> dict:
-        return dict(
-            num_pairs=parse_list(args.num_pairs, int, "--num-pairs"), num_queries=args.num_queries,
-            sequences=args.sequences, batch_size=args.batch_size, first_id=args.first_id, seed=args.seed,
-        )  # fmt: skip
-
-    def light_options(self, light: MqarLight, suite: SuiteContext) -> dict:
-        pairs = fitting_pairs(suite.context_length, light.max_pairs)
+    def light_options(self, light: MqarOptions, suite: SuiteContext) -> MqarOptions:
+        pairs = fitting_pairs(suite.context_length, max(light.num_pairs))
         if not pairs:
             raise ValueError(
                 f"mqar needs a context of at least 16 tokens; got context_length {suite.context_length}"
             )
-        return dict(num_pairs=pairs, sequences=light.sequences, seed=suite.seed)
+        return dataclasses.replace(light, num_pairs=pairs, seed=suite.seed)
 
-    def run(self, model, tokenizer, texts, options, output_dir: Path, progress: bool) -> dict:
-        return run_mqar(model, tokenizer, **options, output_dir=output_dir, progress=progress)
+    def run(self, model, tokenizer, texts, options: MqarOptions, output_dir: Path, progress: bool) -> dict:
+        return run_mqar(model, tokenizer, options, output_dir=output_dir, progress=progress)
 
     def summarise(self, results: dict) -> dict:
         return {str(r["num_pairs"]): r["accuracy"] for r in results["rows"]}

@@ -5,11 +5,12 @@ training's retrieval blocks); the needle options here serve the attention and qu
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,13 +26,15 @@ from difftransformer.data.needles import (
     make_needle_sample,
 )
 from difftransformer.eval.common import (
+    capped,
     check_context_length,
+    max_context,
     model_device,
-    parse_list,
     pyplot,
     save_figure,
 )
-from difftransformer.eval.task import UNIT, Chart, Column, LightSettings, Measure, Panel, SuiteContext, Task
+from difftransformer.eval.options import at_least, flag, not_empty, option, with_settings
+from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.storage import write_json
 
 DEFAULT_DEPTHS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -126,33 +129,71 @@ def validate_needle_run(
         )
 
 
+@dataclass(frozen=True)
+class NeedleOptions:
+    """needle's settings (``difftransformer eval needle`` flags, :func:`run_needle` keywords); attention and quant
+    extend them."""
+
+    context_lengths: list[int] = option([1024], "prompt lengths in tokens")
+    needles: list[str] = option(["1:1", "2:2", "4:2", "6:2"], "N:R pairs (N needles, R of them queried)")
+    depths: list[float] = option(list(DEFAULT_DEPTHS), "answer-needle depths in [0, 1] (0: first token)")
+    samples: int = option(50, "samples per (N:R, length, depth) cell")
+    needle_template: str = option(NEEDLE_TEMPLATE, "needle sentence with {city} and {number}")
+    question_template: str = option(QUESTION_TEMPLATE, "question with {cities} and {city}, ending in the answer "
+                                    "prefix")  # fmt: skip
+    needle_digits: int = option(6, "digits of the magic numbers (models from `compare --preset tiny` were "
+                                "trained on 3)")  # fmt: skip
+    seed: int = option(0, "seed of the samples")
+
+    def __post_init__(self) -> None:
+        not_empty(self, "context_lengths", "needles", "depths")
+        at_least(self, 1, "context_lengths", "samples", "needle_digits")
+        parse_needle_configs(",".join(self.needles))  # refuses anything but N:R pairs with 1 <= R <= N
+        for depth in self.depths:
+            if not 0.0 <= depth <= 1.0:
+                raise ValueError(f"--depths must lie in [0, 1]; got {list(self.depths)}")
+        for name, fields in (("needle_template", ("{city}", "{number}")), ("question_template", ("{city}",))):
+            missing = [f for f in fields if f not in getattr(self, name)]
+            if missing:
+                raise ValueError(
+                    f"{flag(name)} must contain {', '.join(missing)}; got {getattr(self, name)!r}"
+                )
+
+    @property
+    def pairs(self) -> list[tuple[int, int]]:
+        """The (N needles, R queried) pairs of :attr:`needles`."""
+        return parse_needle_configs(",".join(self.needles))
+
+
+def fit_needle_lengths(options: NeedleOptions, model: nn.Module, given: frozenset[str]) -> NeedleOptions:
+    """``options`` with context lengths the user did not give capped at the model's context."""
+    limit = max_context(model)
+    if "context_lengths" in given or limit is None:
+        return options
+    return dataclasses.replace(options, context_lengths=capped(options.context_lengths, limit))
+
+
 def run_needle(
     model: nn.Module,
     tokenizer,
     haystack_texts: Sequence[str],
+    options: NeedleOptions | None = None,
     *,
-    context_lengths: Sequence[int] = (1024,),
-    needle_configs: Sequence[tuple[int, int]] = ((1, 1), (2, 2), (4, 2), (6, 2)),
-    depths: Sequence[float] = DEFAULT_DEPTHS,
-    samples: int = 50,
-    seed: int = 0,
-    needle_template: str = NEEDLE_TEMPLATE,
-    question_template: str = QUESTION_TEMPLATE,
-    number_digits: int = 6,
     output_dir=None,
     progress: bool = True,
+    **settings: Any,
 ) -> dict:
     """Accuracy of exact-match recall for every (N, R), context length and depth.
 
     Accuracy of a cell = share of queried numbers (samples x R) recalled exactly. Returns a dict with
     ``cells`` (one entry per (N, R, length, depth)) and ``by_config`` (accuracy per "N:R" averaged over
     lengths and depths). With ``output_dir``: needle.json and one depth-by-length heat map per (N, R).
+    ``options``: a :class:`NeedleOptions`, or its fields as keywords.
     """
-    if samples < 1:
-        raise ValueError(f"samples must be >= 1; got {samples}")
-    for d in depths:
-        if not 0.0 <= d <= 1.0:
-            raise ValueError(f"depths must lie in [0, 1]; got {d}")
+    options = with_settings(options, NeedleOptions, settings)
+    context_lengths, needle_configs, depths = options.context_lengths, options.pairs, options.depths
+    samples, seed, number_digits = options.samples, options.seed, options.needle_digits
+    needle_template, question_template = options.needle_template, options.question_template
     stream = encode(tokenizer, "\n".join(haystack_texts))
     validate_needle_run(
         model,
@@ -216,55 +257,6 @@ def plot_heatmap(cells, n, r, lengths, depths, path) -> None:
     save_figure(fig, path)
 
 
-def add_needle_arguments(parser: argparse.ArgumentParser, *, pairs: str, samples: int, title: str) -> None:
-    """The needle options (for needle, attention and quant's needle check), with the task's own defaults."""
-    group = parser.add_argument_group(title)
-    group.add_argument("--context-lengths", default="1024", help="comma-separated prompt lengths in tokens "
-                       "(default 1024)")  # fmt: skip
-    group.add_argument("--needles", default=pairs, help=f"comma-separated N:R pairs (N needles, R queried; "
-                       f"default {pairs})")  # fmt: skip
-    group.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="answer-needle depths in [0, 1]")
-    group.add_argument("--samples", type=int, default=samples, help=f"samples per (N:R, length, depth) cell "
-                       f"(default {samples})")  # fmt: skip
-    group.add_argument("--needle-template", default=NEEDLE_TEMPLATE, help="needle sentence with {city} and "
-                       "{number}")  # fmt: skip
-    group.add_argument("--question-template", default=QUESTION_TEMPLATE, help="question with {cities} and "
-                       "{city}, ending in the answer prefix")  # fmt: skip
-    group.add_argument("--needle-digits", type=int, default=6, help="digits of the magic numbers (default 6; "
-                       "models from `compare --preset tiny` were trained on 3)")  # fmt: skip
-
-
-def needle_options(args: argparse.Namespace) -> dict:
-    """:func:`run_needle`'s grid from the needle options, checked (templates must hold their fields)."""
-    if args.needle_digits < 1:
-        raise ValueError(f"--needle-digits must be >= 1; got {args.needle_digits}")
-    options = dict(
-        context_lengths=parse_list(args.context_lengths, int, "--context-lengths"),
-        needle_configs=parse_needle_configs(args.needles),
-        depths=parse_list(args.depths, float, "--depths"),
-        samples=args.samples,
-        needle_template=args.needle_template,
-        question_template=args.question_template,
-        number_digits=args.needle_digits,
-    )
-    for key, fields in (("needle_template", ("{city}", "{number}")), ("question_template", ("{city}",))):
-        missing = [f for f in fields if f not in options[key]]
-        if missing:
-            raise ValueError(
-                f"--{key.replace('_', '-')} must contain {', '.join(missing)}; got {options[key]!r}"
-            )
-    return options
-
-
-@dataclass(frozen=True)
-class NeedleLight(LightSettings):
-    """needle in a comparison: answer depths and samples per (N:R, depth) cell (the N:R pairs, the context and
-    the digits are the suite's)."""
-
-    depths: tuple[float, ...] = DEFAULT_DEPTHS
-    samples: int = 6
-
-
 # The paper's 4K-context multi-needle accuracy, (Transformer, DIFF) per N:R.
 PAPER_ACCURACY = {"1:1": (1.00, 1.00), "2:2": (0.85, 0.92), "4:2": (0.62, 0.84), "6:2": (0.55, 0.85)}
 # Accuracy at or below this counts as "at chance": a few lucky samples are not retrieval.
@@ -278,22 +270,23 @@ class NeedleTask(Task):
     name = "needle"
     title = "Multi-needle retrieval (needle)"
     help = "multi-needle retrieval: recall of magic numbers hidden in held-out text"
-    light = NeedleLight()
+    Options = NeedleOptions
+    # In a comparison the N:R pairs, the context and the digits are the suite's.
+    light = NeedleOptions(samples=6)
 
-    def configure(self, parser: argparse.ArgumentParser) -> None:
-        add_needle_arguments(parser, pairs="1:1,2:2,4:2,6:2", samples=50, title="needle")
+    def fit(
+        self, options: NeedleOptions, model: nn.Module, tokenizer: Any, given: frozenset[str]
+    ) -> NeedleOptions:
+        return fit_needle_lengths(options, model, given)
 
-    def options(self, args: argparse.Namespace, model: nn.Module) -> dict:
-        return {**needle_options(args), "seed": args.seed}
-
-    def light_options(self, light: NeedleLight, suite: SuiteContext) -> dict:
-        return dict(
-            context_lengths=[suite.context_length], needle_configs=[list(c) for c in suite.needles],
-            depths=list(light.depths), samples=light.samples, number_digits=suite.needle_digits, seed=suite.seed,
+    def light_options(self, light: NeedleOptions, suite: SuiteContext) -> NeedleOptions:
+        return dataclasses.replace(
+            light, context_lengths=[suite.context_length], needles=[f"{n}:{r}" for n, r in suite.needles],
+            needle_digits=suite.needle_digits, seed=suite.seed,
         )  # fmt: skip
 
-    def run(self, model, tokenizer, texts, options, output_dir: Path, progress: bool) -> dict:
-        return run_needle(model, tokenizer, texts, **options, output_dir=output_dir, progress=progress)
+    def run(self, model, tokenizer, texts, options: NeedleOptions, output_dir: Path, progress: bool) -> dict:
+        return run_needle(model, tokenizer, texts, options, output_dir=output_dir, progress=progress)
 
     def summarise(self, results: dict) -> dict:
         return results["by_config"]
@@ -303,7 +296,7 @@ class NeedleTask(Task):
 
     def describe(self, options: dict) -> str:
         return (
-            f"Share of queried magic numbers ({options['number_digits']} digits) recalled exactly by greedy "
+            f"Share of queried magic numbers ({options['needle_digits']} digits) recalled exactly by greedy "
             f"decoding from {options['context_lengths'][0]}-token contexts of held-out text, per N:R (N needles, "
             f"R queried), with the answer needle at depths {options['depths']} ({options['samples']} per depth). "
             "Higher is better."

@@ -8,19 +8,28 @@ median's bin; values below 1e-6, zeros included, fall into the lowest bin).
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from difftransformer.eval.common import check_context_length, model_device, pyplot, save_figure, token_stream
+from difftransformer.eval.common import (
+    check_context_length,
+    max_context,
+    model_device,
+    pyplot,
+    save_figure,
+    token_stream,
+)
 from difftransformer.eval.logits import attention_logits, visible_keys
-from difftransformer.eval.task import Chart, Column, LightSettings, Measure, Panel, SuiteContext, Task
+from difftransformer.eval.options import at_least, option, with_settings
+from difftransformer.eval.task import Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.storage import write_json
 
 TOP_KS: tuple[int, ...] = (1, 2, 3, 10, 100)
@@ -121,20 +130,33 @@ def collect_outliers(model: nn.Module, sequences: torch.Tensor, progress: bool =
     return dict(attention_logits=logit_stats.stats.summary(), hidden_states=hidden_stats.summary())
 
 
+@dataclass(frozen=True)
+class OutliersOptions:
+    """outliers' settings (``difftransformer eval outliers`` flags, :func:`run_outliers` keywords)."""
+
+    length: int = option(1024, "window length in tokens")
+    tokens: int = option(16384, "tokens to scan, in whole windows (paper: 400000)")
+
+    def __post_init__(self) -> None:
+        at_least(self, 1, "length", "tokens")
+        if self.tokens < self.length:
+            raise ValueError(f"--tokens ({self.tokens}) must be at least --length ({self.length})")
+
+
 def run_outliers(
     model: nn.Module,
     token_ids: Sequence[int],
+    options: OutliersOptions | None = None,
     *,
-    tokens: int = 16384,
-    length: int = 1024,
     output_dir=None,
     progress: bool = True,
+    **settings: Any,
 ) -> dict:
     """Top-1/2/3/10/100 and median of |logits| and |hidden states| over ``tokens`` tokens of held-out text,
-    in windows of ``length``. Writes outliers.json and outliers.png."""
+    in windows of ``length`` (``options``, or its fields as keywords). Writes outliers.json and outliers.png."""
+    options = with_settings(options, OutliersOptions, settings)
+    tokens, length = options.tokens, options.length
     check_context_length(model, length, "--length")
-    if tokens < length:
-        raise ValueError(f"--tokens ({tokens}) must be at least --length ({length})")
     num = tokens // length
     if len(token_ids) < num * length:
         raise ValueError(f"held-out text gives {len(token_ids)} tokens; --tokens needs {num * length}")
@@ -163,38 +185,34 @@ def plot_outliers(results: dict, path) -> None:
     save_figure(fig, path)
 
 
-@dataclass(frozen=True)
-class OutliersLight(LightSettings):
-    """outliers in a comparison: how many context-length windows of held-out text to scan."""
-
-    windows: int = 4
-
-
 class OutliersTask(Task):
     """Activation outliers: largest against median absolute attention logit and hidden state."""
 
     name = "outliers"
     title = "Activation outliers (outliers)"
     help = "activation outliers: top-k and median of |attention logits| and |hidden states|"
-    light = OutliersLight()
+    Options = OutliersOptions
+    # In a comparison: 4 windows of the suite's context (tokens // length windows), fewer if the text holds fewer.
+    light = OutliersOptions(tokens=4 * OutliersOptions().length)
 
-    def configure(self, parser: argparse.ArgumentParser) -> None:
-        group = parser.add_argument_group("outliers")
-        group.add_argument("--length", type=int, default=1024, help="window length in tokens (default 1024)")
-        group.add_argument(
-            "--tokens", type=int, default=16384, help="tokens to scan (default 16384; paper: 400000)"
-        )
+    def fit(
+        self, options: OutliersOptions, model: nn.Module, tokenizer: Any, given: frozenset[str]
+    ) -> OutliersOptions:
+        limit = max_context(model)
+        if "length" in given or limit is None or options.length <= limit:
+            return options
+        return dataclasses.replace(options, length=limit, tokens=max(options.tokens, limit))
 
-    def options(self, args: argparse.Namespace, model: nn.Module) -> dict:
-        check_context_length(model, args.length, "--length")
-        return dict(tokens=args.tokens, length=args.length)
+    def light_options(self, light: OutliersOptions, suite: SuiteContext) -> OutliersOptions:
+        windows = suite.windows(light.tokens // light.length)
+        return dataclasses.replace(light, tokens=windows * suite.context_length, length=suite.context_length)
 
-    def light_options(self, light: OutliersLight, suite: SuiteContext) -> dict:
-        return dict(tokens=suite.windows(light.windows) * suite.context_length, length=suite.context_length)
-
-    def run(self, model, tokenizer, texts, options, output_dir: Path, progress: bool) -> dict:
-        ids = token_stream(tokenizer, texts, options["tokens"])
-        return run_outliers(model, ids, **options, output_dir=output_dir, progress=progress)
+    def run(
+        self, model, tokenizer, texts, options: OutliersOptions, output_dir: Path, progress: bool
+    ) -> dict:
+        check_context_length(model, options.length, "--length")  # before reading the text
+        ids = token_stream(tokenizer, texts, options.tokens)
+        return run_outliers(model, ids, options, output_dir=output_dir, progress=progress)
 
     def summarise(self, results: dict) -> dict:
         return {

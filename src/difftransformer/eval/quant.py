@@ -11,10 +11,11 @@ causally visible logits enter the absmax, as a kernel that skips masked blocks w
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -23,21 +24,16 @@ from tqdm.auto import tqdm
 
 from difftransformer.eval.common import (
     check_context_length,
+    max_context,
     mean_token_nll,
-    parse_list,
     pyplot,
     save_figure,
     token_stream,
 )
 from difftransformer.eval.logits import attention_logits, visible_keys
-from difftransformer.eval.needle import (
-    CHANCE,
-    CHANCE_MARGIN,
-    add_needle_arguments,
-    needle_options,
-    run_needle,
-)
-from difftransformer.eval.task import UNIT, Chart, Column, LightSettings, Measure, Panel, SuiteContext, Task
+from difftransformer.eval.needle import CHANCE, CHANCE_MARGIN, NeedleOptions, fit_needle_lengths, run_needle
+from difftransformer.eval.options import at_least, not_empty, option, with_settings
+from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.storage import write_json
 
 GRANULARITIES: tuple[str, ...] = ("tensor", "head", "row")
@@ -85,32 +81,56 @@ class QuantizeLogits:
         return absmax_fake_quantize(logits, self.bits, self.granularity, visible)
 
 
+@dataclass(frozen=True)
+class QuantOptions(NeedleOptions):
+    """quant's settings (``difftransformer eval quant`` flags, :func:`run_quant` keywords): the held-out loss's, then
+    needle's for the accuracy check at each width."""
+
+    length: int = option(512, "held-out window length in tokens")
+    num_sequences: int = option(8, "held-out windows")
+    bits: list[int] = option([16, 8, 6, 4], "attention-logit bit widths")
+    granularity: Literal["tensor", "head", "row"] = option("head", "one absmax scale per layer tensor, per head "
+                                                           "or per query row")  # fmt: skip
+    needle: bool = option(True, "measure needle accuracy at each width (--no-needle skips it)")
+    samples: int = option(5, "needle samples per (N:R, length, depth) cell")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        not_empty(self, "bits")
+        at_least(self, 1, "length", "num_sequences")
+        at_least(self, 2, "bits")
+        if self.granularity not in GRANULARITIES:
+            raise ValueError(f"--granularity must be one of {GRANULARITIES}; got {self.granularity!r}")
+
+    def needle_options(self) -> NeedleOptions:
+        """The needle check's options: this object's needle fields."""
+        return NeedleOptions(**{f.name: getattr(self, f.name) for f in dataclasses.fields(NeedleOptions)})
+
+
 def run_quant(
     model: nn.Module,
     tokenizer,
     token_ids: Sequence[int],
     haystack_texts: Sequence[str] | None = None,
+    options: QuantOptions | None = None,
     *,
-    bits: Sequence[int] = (16, 8, 6, 4),
-    granularity: str = "head",
-    length: int = 512,
-    num_sequences: int = 8,
-    needle_kwargs: dict | None = None,
-    seed: int = 0,
     output_dir=None,
     progress: bool = True,
+    **settings: Any,
 ) -> dict:
     """Held-out loss and (with ``haystack_texts``) needle accuracy with the logits quantised at each width.
 
     The first row, bits = None, is the unquantised model through the same (materialized) attention path.
-    ``needle_kwargs`` go to :func:`difftransformer.eval.needle.run_needle` (context_lengths,
-    needle_configs, depths, samples); every width sees the same needle samples (same seed).
+    ``options``: a :class:`QuantOptions`, or its fields as keywords; its needle fields go to
+    :func:`difftransformer.eval.needle.run_needle`; every width sees the same needle samples (same seed).
     """
-    for b in bits:
-        if b < 2:
-            raise ValueError(f"--bits must all be >= 2; got {list(bits)}")
-    if granularity not in GRANULARITIES:
-        raise ValueError(f"--granularity must be one of {GRANULARITIES}; got {granularity!r}")
+    options = with_settings(options, QuantOptions, settings)
+    bits, granularity, length, num_sequences = (
+        options.bits,
+        options.granularity,
+        options.length,
+        options.num_sequences,
+    )
     check_context_length(model, length, "--length")
     need = length * num_sequences
     if len(token_ids) < need:
@@ -118,14 +138,14 @@ def run_quant(
             f"held-out text gives {len(token_ids)} tokens; {num_sequences} x {length} are needed"
         )
     sequences = torch.tensor(list(token_ids[:need]), dtype=torch.long).view(num_sequences, length)
-    needle_kwargs = dict(needle_kwargs or {})
+    check_needle = haystack_texts is not None and options.needle
     rows = []
     for width in tqdm([None, *bits], desc="quant", unit="width", disable=not progress):
         with attention_logits(model, QuantizeLogits(width, granularity)):
             row = dict(bits=width, loss=mean_token_nll(model, sequences, batch_size=1))
-            if haystack_texts is not None:
+            if check_needle:
                 needle = run_needle(
-                    model, tokenizer, haystack_texts, seed=seed, progress=False, **needle_kwargs
+                    model, tokenizer, haystack_texts, options.needle_options(), progress=False
                 )
                 row["needle_accuracy"] = float(np.mean(list(needle["by_config"].values())))
                 row["needle_by_config"] = needle["by_config"]
@@ -165,16 +185,6 @@ def _width(key: str) -> str:
     return "full" if key == "unquantised" else f"{key}-bit"
 
 
-@dataclass(frozen=True)
-class QuantLight(LightSettings):
-    """quant in a comparison: logit bit widths, held-out windows for the loss, and needle samples per N:R (at
-    depth 0.5) for the accuracy at each width."""
-
-    bits: tuple[int, ...] = (16, 8, 6, 4)
-    sequences: int = 4
-    needle_samples: int = 2
-
-
 PAPER_LOW_BIT = (
     "zero-shot accuracy held down to 6-bit logits by DIFF, not by the Transformer; at 4 bits DIFF about 25 points "
     "higher (3B models)"
@@ -187,42 +197,30 @@ class QuantTask(Task):
     name = "quant"
     title = "Attention-logit quantisation (quant)"
     help = "attention-logit quantisation: held-out loss and needle accuracy at fewer bits"
-    light = QuantLight()
+    Options = QuantOptions
+    # In a comparison the N:R pairs, the context and the digits are the suite's; the answer needle at depth 0.5.
+    light = QuantOptions(num_sequences=4, depths=[0.5], samples=2)
 
-    def configure(self, parser: argparse.ArgumentParser) -> None:
-        group = parser.add_argument_group("quant")
-        group.add_argument("--length", type=int, default=512, help="window length in tokens (default 512)")
-        group.add_argument("--num-sequences", type=int, default=8, help="held-out windows (default 8)")
-        group.add_argument("--bits", default="16,8,6,4", help="logit bit widths (default 16,8,6,4)")
-        group.add_argument("--granularity", default="head", choices=GRANULARITIES, help="one absmax scale per "
-                           "layer tensor, per head (default) or per query row")  # fmt: skip
-        group.add_argument("--no-needle", action="store_true", help="skip the needle accuracy check")
-        add_needle_arguments(parser, pairs="1:1,2:2,4:2,6:2", samples=5, title="quant's needle check")
+    def fit(
+        self, options: QuantOptions, model: nn.Module, tokenizer: Any, given: frozenset[str]
+    ) -> QuantOptions:
+        options = fit_needle_lengths(options, model, given)
+        limit = max_context(model)
+        if "length" in given or limit is None:
+            return options
+        return dataclasses.replace(options, length=min(options.length, limit))
 
-    def options(self, args: argparse.Namespace, model: nn.Module) -> dict:
-        check_context_length(model, args.length, "--length")
-        return dict(
-            bits=parse_list(args.bits, int, "--bits"), granularity=args.granularity, length=args.length,
-            num_sequences=args.num_sequences, needle_kwargs=None if args.no_needle else needle_options(args),
-            seed=args.seed,
+    def light_options(self, light: QuantOptions, suite: SuiteContext) -> QuantOptions:
+        return dataclasses.replace(
+            light, length=suite.context_length, num_sequences=suite.windows(light.num_sequences),
+            context_lengths=[suite.context_length], needles=[f"{n}:{r}" for n, r in suite.needles],
+            needle_digits=suite.needle_digits, seed=suite.seed,
         )  # fmt: skip
 
-    def light_options(self, light: QuantLight, suite: SuiteContext) -> dict:
-        needle_kwargs = dict(
-            context_lengths=[suite.context_length], needle_configs=[list(c) for c in suite.needles],
-            depths=[0.5], samples=light.needle_samples, number_digits=suite.needle_digits,
-        )  # fmt: skip
-        return dict(
-            bits=list(light.bits), length=suite.context_length, num_sequences=suite.windows(light.sequences),
-            needle_kwargs=needle_kwargs, seed=suite.seed,
-        )  # fmt: skip
-
-    def run(self, model, tokenizer, texts, options, output_dir: Path, progress: bool) -> dict:
-        ids = token_stream(tokenizer, texts, options["length"] * options["num_sequences"])
-        haystacks = None if options.get("needle_kwargs") is None else texts
-        return run_quant(
-            model, tokenizer, ids, haystacks, **options, output_dir=output_dir, progress=progress
-        )
+    def run(self, model, tokenizer, texts, options: QuantOptions, output_dir: Path, progress: bool) -> dict:
+        check_context_length(model, options.length, "--length")  # before reading the text
+        ids = token_stream(tokenizer, texts, options.length * options.num_sequences)
+        return run_quant(model, tokenizer, ids, texts, options, output_dir=output_dir, progress=progress)
 
     def summarise(self, results: dict) -> dict:
         return {
@@ -240,7 +238,7 @@ class QuantTask(Task):
     def describe(self, options: dict) -> str:
         return (
             f"Held-out loss ({options['num_sequences']} windows of {options['length']} tokens) and needle accuracy "
-            f"(N:R as for needle, answer at depth 0.5, {options['needle_kwargs']['samples']} per N:R) with the "
+            f"(N:R as for needle, answer at depth 0.5, {options['samples']} per N:R) with the "
             f"attention logits fake-quantised by dynamic absmax per head at {options['bits']} bits; 'full' is the "
             "unquantised model through the same path. Lower loss and higher accuracy are better."
         )

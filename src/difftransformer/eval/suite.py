@@ -9,8 +9,6 @@ numbers a reader compares between models.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,8 +17,9 @@ from typing import Any
 
 from torch import nn
 
+from difftransformer.eval.options import to_json
 from difftransformer.eval.registry import TASKS, get_task, parse_tasks
-from difftransformer.eval.task import LightSettings, SuiteContext
+from difftransformer.eval.task import SuiteContext
 
 
 @dataclass(frozen=True)
@@ -33,9 +32,9 @@ class SuiteSettings:
         needle_digits: digits of the magic numbers.
         needles: the N:R configurations of needle and of quant's needle check.
         seed: every task's draws (the same samples for every model).
-        light: per task, overrides of its light settings (e.g. ``{"needle": {"samples": 1}}``); every other
-            setting keeps the task's default (its ``light`` attribute); docs/performance.md says what the defaults
-            cost.
+        light: per task, overrides of its light settings (fields of its options dataclass, e.g.
+            ``{"needle": {"samples": 1}}``, checked by it); every other setting keeps the task's default (its
+            ``light`` attribute); docs/performance.md says what the defaults cost.
     """
 
     tasks: tuple[str, ...] = TASKS
@@ -56,13 +55,9 @@ class SuiteSettings:
             if getattr(self, name) < 1:
                 raise ValueError(f"SuiteSettings.{name} must be >= 1; got {getattr(self, name)}")
         for task in self.tasks:
-            settings = self.light_settings(task)
-            for setting in dataclasses.fields(settings):
-                value = getattr(settings, setting.name)
-                if isinstance(value, int) and value < 1:
-                    raise ValueError(f"SuiteSettings {task}_{setting.name} must be >= 1; got {value}")
+            self.light_settings(task)  # the task's options dataclass checks the overrides
 
-    def light_settings(self, task: str) -> LightSettings:
+    def light_settings(self, task: str) -> Any:
         """``task``'s light settings: its defaults with this suite's overrides."""
         return get_task(task).light_settings(**self.light.get(task, {}))
 
@@ -73,7 +68,7 @@ def held_out_tokens(tokenizer, texts: Sequence[str]) -> int:
     return sum(len(ids) + eos for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"])
 
 
-def suite_options(settings: SuiteSettings, tokenizer, texts: Sequence[str]) -> dict[str, dict]:
+def suite_options(settings: SuiteSettings, tokenizer, texts: Sequence[str]) -> dict[str, Any]:
     """Every task's options (see :meth:`Task.light_options`), checked: call it before long work to fail early. A
     task that reads held-out text needs at least one window of ``context_length`` tokens of it."""
     context = SuiteContext(
@@ -92,22 +87,20 @@ def suite_options(settings: SuiteSettings, tokenizer, texts: Sequence[str]) -> d
                 f"the held-out texts give {context.held_out_tokens} tokens; {name} needs at least one window of "
                 f"context_length {context.context_length}"
             )
-        # Through JSON, as an earlier result read back from disk has lists where these may have tuples.
-        chosen = task.light_options(settings.light_settings(name), context)
-        options[name] = json.loads(json.dumps(chosen))
+        options[name] = task.light_options(settings.light_settings(name), context)
     return options
 
 
 def run_task(
     task: str,
-    options: dict,
+    options: Any,
     model: nn.Module,
     tokenizer,
     texts: Sequence[str],
     output_dir: Path,
     progress: bool,
 ) -> dict:
-    """Run one task with ``options``; it writes its files to ``output_dir``; return its summary numbers."""
+    """Run one task with ``options`` (its options dataclass); it writes its files to ``output_dir``; return its summary numbers."""
     chosen = get_task(task)
     return chosen.summarise(chosen.run(model, tokenizer, texts, options, output_dir, progress))
 
@@ -135,11 +128,12 @@ def run_suite(
     previous = previous or {}
     suite: dict[str, dict] = {"options": {}, "seconds": {}, "summary": {}}
     for task, options in suite_options(settings, tokenizer, texts).items():
-        if previous.get("options", {}).get(task) == options and task in previous.get("summary", {}):
+        stored = to_json(options)  # the form in which an earlier result is read back from disk
+        if previous.get("options", {}).get(task) == stored and task in previous.get("summary", {}):
             summary, seconds = previous["summary"][task], previous["seconds"][task]
         else:
             start = time.perf_counter()
             summary = run_task(task, options, model, tokenizer, texts, Path(output_dir) / task, progress)
             seconds = time.perf_counter() - start
-        suite["options"][task], suite["seconds"][task], suite["summary"][task] = options, seconds, summary
+        suite["options"][task], suite["seconds"][task], suite["summary"][task] = stored, seconds, summary
     return suite

@@ -3,14 +3,16 @@
 Adding a task = one module + one registry line. Write ``difftransformer/eval/<name>.py`` with a subclass of
 :class:`Task` and a module-level instance ``TASK``, then add the module to ``TASK_MODULES`` in
 :mod:`difftransformer.eval.registry`. From then on ``difftransformer eval <name>`` runs it with its full settings
-(its :meth:`Task.configure` options), ``compare --tasks`` runs it on every trained model with its light settings
-(:meth:`Task.light_options`), and compare's report gives it a section: :meth:`Task.describe`, a table
+(flags generated from its options dataclass, :attr:`Task.Options`; defaults the model cannot take fitted by
+:meth:`Task.fit`), ``compare --tasks`` runs it on every trained model with its light settings (:attr:`Task.light`
+and :meth:`Task.light_options`), and compare's report gives it a section: :meth:`Task.describe`, a table
 (:meth:`Task.columns`, mean ± spread across seeds), a chart (:meth:`Task.chart`) and verdict sentences
 (:meth:`Task.measures`). Nothing else changes; docs/evaluation.md explains each task.
 
 The three data shapes a task produces:
 
-- *options*: the keyword settings of one run, JSON-able (lists, not tuples), so that compare can reuse an earlier
+- *options*: the settings of one run, an instance of the task's frozen options dataclass (:attr:`Task.Options`:
+  every field JSON-able, checked in its ``__post_init__``); compare stores them as JSON and reuses an earlier
   result exactly when they are unchanged;
 - *results*: what :meth:`Task.run` returns and writes to OUTPUT_DIR/<name>.json (with its plots beside);
 - *summary*: the few numbers a reader compares between models (:meth:`Task.summarise`), JSON-able, the input of
@@ -19,7 +21,6 @@ The three data shapes a task produces:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -86,12 +87,6 @@ UNIT = (-0.02, 1.02)  # y limits of an accuracy (share) panel
 
 
 @dataclass(frozen=True)
-class LightSettings:
-    """Base of a task's light settings for a comparison (few samples, short runs): a frozen dataclass whose
-    integer fields must be >= 1 (checked by :class:`difftransformer.eval.suite.SuiteSettings`)."""
-
-
-@dataclass(frozen=True)
 class SuiteContext:
     """What the suite knows when it picks a task's light options for one model.
 
@@ -128,7 +123,10 @@ class Task(ABC):
         reads_text: whether :meth:`run` needs held-out texts (haystacks, windows); the CLI then loads them and
             the suite checks that they hold at least one window.
         needs_tokenizer: whether :meth:`run` needs the model's tokenizer (mqar does not).
-        light: the default light settings for a comparison (a :class:`LightSettings` subclass instance).
+        Options: the task's frozen options dataclass: its fields are ``difftransformer eval NAME``'s flags (a
+            field named ``seed`` takes the shared ``--seed``) and its ``run_<task>`` function's keywords.
+        light: the light settings for a comparison, ``dataclasses.replace(Options(), ...)`` (few samples, short
+            runs); :meth:`light_options` fits them to the suite.
     """
 
     name: ClassVar[str]
@@ -136,29 +134,27 @@ class Task(ABC):
     help: ClassVar[str]
     reads_text: ClassVar[bool] = True
     needs_tokenizer: ClassVar[bool] = True
-    light: ClassVar[LightSettings] = LightSettings()
+    Options: ClassVar[type]
+    light: ClassVar[Any]
+
+    def fit(self, options: Any, model: nn.Module, tokenizer: Any, given: frozenset[str]) -> Any:
+        """``options`` with the lengths the user did not give (fields not in ``given``) fitted to what ``model``
+        takes (its max_position_embeddings), the light way :meth:`light_options` fits a comparison's; lengths the
+        user gave are left for :meth:`run` to refuse. Unchanged by default (a task with no lengths)."""
+        return options
 
     @abstractmethod
-    def configure(self, parser: argparse.ArgumentParser) -> None:
-        """Add this task's own options to ``difftransformer eval NAME`` (the CLI adds --model, --output-dir,
-        --seed, --device, --dtype, --no-progress, and the held-out text options when ``reads_text``)."""
-
-    @abstractmethod
-    def options(self, args: argparse.Namespace, model: nn.Module) -> dict:
-        """:meth:`run`'s options from the parsed command line (full settings), checked against ``model`` (e.g.
-        lengths it cannot take) before any long work; a bad value raises a ValueError naming its flag."""
-
-    @abstractmethod
-    def light_options(self, light: LightSettings, suite: SuiteContext) -> dict:
-        """:meth:`run`'s options in a comparison, from the task's light settings and the suite's context;
-        JSON-able and deterministic (compare reuses a result whose options are unchanged)."""
+    def light_options(self, light: Any, suite: SuiteContext) -> Any:
+        """:meth:`run`'s options in a comparison, from ``light`` (:attr:`light` with the suite's overrides) and
+        the suite's context; deterministic (compare reuses a result whose options are unchanged)."""
 
     @abstractmethod
     def run(
-        self, model: nn.Module, tokenizer: Any, texts: Sequence[str] | None, options: dict, output_dir: Path,
+        self, model: nn.Module, tokenizer: Any, texts: Sequence[str] | None, options: Any, output_dir: Path,
         progress: bool,
     ) -> dict:  # fmt: skip
-        """Run the task with ``options``; write OUTPUT_DIR/NAME.json and its plots; return the results."""
+        """Run the task with ``options`` (an :attr:`Options`); write OUTPUT_DIR/NAME.json and its plots; return
+        the results. A value the model cannot take raises a ValueError naming its flag before any long work."""
 
     @abstractmethod
     def summarise(self, results: dict) -> dict:
@@ -170,7 +166,7 @@ class Task(ABC):
 
     @abstractmethod
     def describe(self, options: dict) -> str:
-        """A paragraph for the report: what the numbers mean, which settings they came from, which way is
+        """A paragraph for the report (``options``: the run's options as JSON, as compare stores them): what the numbers mean, which settings they came from, which way is
         better."""
 
     @abstractmethod
@@ -181,8 +177,9 @@ class Task(ABC):
         """The verdict measures (one sentence each in the report's verdict); none by default."""
         return []
 
-    def light_settings(self, **overrides: Any) -> LightSettings:
-        """:attr:`light` with ``overrides`` replaced; an unknown name is a ValueError naming the known ones."""
+    def light_settings(self, **overrides: Any) -> Any:
+        """:attr:`light` with ``overrides`` replaced (checked by :attr:`Options`); an unknown name is a ValueError
+        naming the known ones."""
         known = [f.name for f in dataclasses.fields(self.light)]
         unknown = sorted(set(overrides) - set(known))
         if unknown:
