@@ -18,12 +18,9 @@ import torch
 from transformers import DiffLlamaConfig, DiffLlamaForCausalLM, PreTrainedConfig, PreTrainedModel
 from transformers.core_model_loading import revert_weight_conversion
 
+from difftransformer.convert.folders import ConversionError, load_folder, model_type
 from difftransformer.layers import interleaved_to_half_permutation
 from difftransformer.models import DiffTransformerConfig, DiffTransformerForCausalLM
-
-
-class ConversionError(ValueError):
-    """A model that the other layout cannot represent exactly."""
 
 
 def _maps_first_to_adjacent(weight: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
@@ -53,13 +50,11 @@ def load_native(
         return source
     name = model_class.__name__.removesuffix("ForCausalLM")
     path = Path(source)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"source must be a {name} model directory with config.json; got {path}")
-    config = model_class.config_class.from_pretrained(path)
-    if config.model_type != model_class.config_class.model_type:
-        raise ConversionError(f"source must be a {name} checkpoint; its model_type is {config.model_type!r}")
-    check(config)
-    return model_class.from_pretrained(path, **load)
+    found = model_type(path)
+    if found != model_class.config_class.model_type:
+        raise ConversionError(f"source must be a {name} checkpoint; its model_type is {found!r}")
+    check(load_folder(model_class.config_class.from_pretrained, path))
+    return load_folder(model_class.from_pretrained, path, **load)
 
 
 def llama_family_fields(config: DiffTransformerConfig) -> dict[str, Any]:

@@ -12,8 +12,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 
+from difftransformer.convert.upcycle import initial_model
 from difftransformer.models import ATTENTION_KINDS
+from difftransformer.train.checkpoints import last_good_checkpoint
 from difftransformer.train.lock import RunDirectoryLocked
 from difftransformer.train.pipeline import prepare_preset_data
 from difftransformer.train.presets import PRESETS, RECIPE, Preset, get_preset
@@ -43,10 +46,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     run = parser.add_argument_group("run")
     run.add_argument(
         "--attention",
-        default="diff",
         choices=ATTENTION_KINDS,
         help="diff: DIFF V1 with the preset's h heads; softmax: the matched baseline (2h heads); diff_v2: DIFF V2 "
-        "with the baseline's head count (default: diff)",
+        "with the baseline's head count (default: diff; with --init-from, the folder's kind)",
+    )
+    run.add_argument(
+        "--init-from",
+        metavar="DIR",
+        help="start from a saved model folder: its weights, config and tokenizer (a softmax or Llama-family model "
+        "is upcycled when --attention names diff_v2 or diff; docs/training.md); the preset gives the recipe",
     )
     run.add_argument(
         "--resume",
@@ -76,26 +84,42 @@ def training_options(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Prepare the data, train, print a one-line summary."""
+    """Prepare the data, train, print a one-line summary; Ctrl-C stops with a one-line note (exit 130)."""
     preset = resolved_preset(args)
     settings = preset.training_settings(**training_options(args))
-    data = prepare_preset_data(preset, DataOptions(**given(args, DataOptions)), settings.seed)
+    data_options = DataOptions(**given(args, DataOptions))
+    pretrained = None
+    if args.init_from:
+        if data_options.tokenizer:
+            raise ValueError(
+                "--tokenizer: --init-from brings the folder's own tokenizer; give one of the two"
+            )
+        data_options = dataclasses.replace(data_options, tokenizer=args.init_from)
+        pretrained = initial_model(args.init_from, args.attention, seed=settings.seed)
+    data = prepare_preset_data(preset, data_options, settings.seed)
+    model = pretrained if pretrained is not None else preset.model_for(args.attention or "diff", data.tokenizer)
+    attention = (model.config if pretrained is not None else model).attention
     try:
         result = train_model(
-            preset.model_for(args.attention, data.tokenizer),
+            model,
             data.train_blocks,
             data.validation_blocks[: preset.eval_blocks],
             data.tokenizer,
             settings,
             resume=args.resume,
-            progress_desc=args.attention,
+            progress_desc=attention,
         )
     except (FileExistsError, RunDirectoryLocked) as refusal:
         # A folder that holds another run, or one being written: the user's to fix, like any bad input.
         raise ValueError(str(refusal)) from None
+    except KeyboardInterrupt:
+        checkpoint = last_good_checkpoint(settings.output_dir, quarantine=False)
+        where = f"from {checkpoint.name}" if checkpoint else "from step 0 (no checkpoint was finished)"
+        print(f"difftransformer train: interrupted; `--resume` continues {where}", file=sys.stderr)
+        return 130
     if is_main_process():
         print(
-            f"{args.attention}: {result.parameters:,} parameters, {result.global_step} steps, validation loss "
+            f"{attention}: {result.parameters:,} parameters, {result.global_step} steps, validation loss "
             f"{result.final_eval_loss:.4f}, {result.tokens_per_second:,.0f} tokens/s; model in "
             f"{os.path.abspath(settings.output_dir)}"
         )

@@ -132,7 +132,7 @@ def is_main_process() -> bool:
 
 
 def train_model(
-    config: DiffTransformerConfig,
+    model: DiffTransformerConfig | DiffTransformerForCausalLM,
     train_blocks: torch.Tensor,
     eval_blocks: torch.Tensor,
     tokenizer: PreTrainedTokenizerBase,
@@ -142,9 +142,9 @@ def train_model(
     callbacks: list[TrainerCallback] = (),
     progress_desc: str = "train",
 ) -> TrainResult:
-    """Train a fresh ``DiffTransformerForCausalLM(config)`` (or continue the last finished checkpoint when
-    ``resume``) with Trainer under ``args``, save the final model and tokenizer into ``args.output_dir``, and
-    return a summary.
+    """Train ``model`` (a config: a fresh ``DiffTransformerForCausalLM`` seeded with ``args.seed``; or a model,
+    e.g. a pretrained or upcycled one) or continue the last finished checkpoint when ``resume``, with Trainer
+    under ``args``, save the final model and tokenizer into ``args.output_dir``, and return a summary.
 
     ``train_blocks`` (n_train, T) and ``eval_blocks`` (n_eval, T) are int64 token ids, every block a full
     training sequence; ``callbacks`` are added to Trainer's; ``progress_desc`` labels the progress bar.
@@ -156,11 +156,15 @@ def train_model(
         lock.acquire()
     try:
         checkpoint = _checkpoint_to_resume(output_dir, resume)
+        config = model if isinstance(model, DiffTransformerConfig) else model.config
+        if checkpoint is not None:
+            _check_same_model(checkpoint, config)
         finished = _finished_run(output_dir, checkpoint, args, tokenizer)
         if finished is not None:
             return finished
         set_seed(args.seed)  # the same initial weights for the same seed and config
-        model = DiffTransformerForCausalLM(config)
+        if isinstance(model, DiffTransformerConfig):
+            model = DiffTransformerForCausalLM(model)
         if config.attention == "diff" and args.device.type == "cpu":
             fused_cpu_available()  # compile the CPU kernel now (first use only), not inside the timed steps
         step_tokens = tokens_per_step(_check_blocks(train_blocks, eval_blocks, config), args)
@@ -240,6 +244,26 @@ def _finished_run(
             "(raise --max-steps to train on)"
         )
     return result
+
+
+# The config fields that fix the weights' shapes: a checkpoint that differs in one cannot be resumed.
+_SHAPE_FIELDS = ("attention", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                 "num_attention_heads", "num_key_value_heads", "map_dim", "tie_word_embeddings")  # fmt: skip
+
+
+def _check_same_model(checkpoint: Path, config: DiffTransformerConfig) -> None:
+    """Refuse to resume ``checkpoint`` when it holds a model of another shape than ``config`` (another preset, or
+    other model options): its weights would not load."""
+    saved = DiffTransformerConfig.from_pretrained(checkpoint)  # every field, defaults included
+    differ = [name for name in _SHAPE_FIELDS if getattr(saved, name) != getattr(config, name)]
+    if differ:
+        raise ValueError(
+            f"--resume: {checkpoint} holds another model ("
+            + ", ".join(f"{name}={getattr(saved, name)!r}" for name in differ)
+            + ") than this command builds ("
+            + ", ".join(f"{name}={getattr(config, name)!r}" for name in differ)
+            + "); resume with the run's own --preset and model options, or choose another --output-dir"
+        )
 
 
 def _checkpoint_to_resume(output_dir: Path, resume: bool) -> Path | None:
