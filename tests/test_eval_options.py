@@ -1,0 +1,124 @@
+"""A task's options declared once (flags generated from its dataclass), and defaults fitted to the model."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from difftransformer.cli import main
+from difftransformer.eval import longctx, mqar, needle
+from difftransformer.eval.options import add_flags, given_settings
+from difftransformer.eval.registry import TASKS
+from difftransformer.storage import read_json
+from test_eval_smoke import checkpoints  # noqa: F401  (the module-scoped tiny checkpoints, 256 positions)
+
+
+def parse(options_type: type, *argv: str) -> dict:
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_flags(parser, options_type, exclude=("seed",))
+    return given_settings(parser.parse_args(list(argv)), options_type)
+
+
+def test_mqar_options_round_trip_through_their_flags():
+    parser = argparse.ArgumentParser()
+    add_flags(parser, mqar.MqarOptions, exclude=("seed",))
+    flags = {s for action in parser._actions for s in action.option_strings}
+    assert {"--num-pairs", "--num-queries", "--sequences", "--batch-size", "--first-id"} <= flags
+    assert "--seed" not in flags  # the eval command's shared --seed sets it
+    assert "(default: [4, 8, 16, 32, 64])" in parser.format_help().replace("\n", " ").replace("  ", " ")
+    assert parse(mqar.MqarOptions) == {} and mqar.MqarOptions(**parse(mqar.MqarOptions)) == mqar.MqarOptions()
+    given = parse(mqar.MqarOptions, "--num-pairs", "2,4", "8", "--sequences", "3", "--first-id", "10")
+    assert given == {"num_pairs": [2, 4, 8], "sequences": 3, "first_id": 10}
+    options = mqar.MqarOptions(**given)
+    assert (options.num_pairs, options.sequences, options.first_id, options.batch_size) == (
+        [2, 4, 8],
+        3,
+        10,
+        16,
+    )
+    with pytest.raises(ValueError, match="--sequences must be >= 1; got 0"):
+        mqar.MqarOptions(**parse(mqar.MqarOptions, "--sequences", "0"))
+    with pytest.raises(ValueError, match=r"--num-pairs must be >= 1; got \[4, 0\]"):
+        mqar.MqarOptions(**parse(mqar.MqarOptions, "--num-pairs", "4,0"))
+
+
+def test_needle_options_check_their_flags_and_run_keywords():
+    assert parse(needle.NeedleOptions, "--needles", "1:1", "4:2", "--needle-digits", "3") == {
+        "needles": ["1:1", "4:2"],
+        "needle_digits": 3,
+    }
+    for settings, message in (
+        ({"needles": ["2:3"]}, "1 <= R <= N"),
+        ({"depths": [1.5]}, r"--depths must lie in \[0, 1\]"),
+        ({"needle_template": "no fields"}, "--needle-template must contain {city}"),
+        ({"context_lengths": []}, "--context-lengths must hold at least one value"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            needle.NeedleOptions(**settings)
+    with pytest.raises(ValueError, match="NeedleOptions has no setting number_digits; its settings are"):
+        needle.run_needle(None, None, [], number_digits=3)
+
+
+class Sized:
+    """A stand-in model whose config admits 256 positions."""
+
+    config = argparse.Namespace(max_position_embeddings=256)
+
+
+def test_defaults_are_fitted_to_the_model_and_given_lengths_are_not():
+    task, model = needle.TASK, Sized()
+    fitted = task.fit(needle.NeedleOptions(context_lengths=[128, 1024, 2048]), model, None, frozenset())
+    assert fitted.context_lengths == [128, 256]
+    given = needle.NeedleOptions(context_lengths=[1024])
+    assert task.fit(given, model, None, frozenset({"context_lengths"})) is given
+    assert longctx.TASK.fit(longctx.LongctxOptions(), model, None, frozenset()).length == 256
+    pairs = mqar.TASK.fit(mqar.MqarOptions(num_pairs=[4, 64, 128]), model, None, frozenset()).num_pairs
+    assert pairs == [4, 64]  # 128 pairs and their queries are 512 tokens
+
+
+def test_the_eval_command_prints_what_it_fitted_and_refuses_a_given_length(checkpoints, tmp_path, capsys):  # noqa: F811
+    paths, text = checkpoints
+    base = [
+        "eval",
+        "longctx",
+        "--model",
+        str(paths["difftransformer"]),
+        "--text-file",
+        str(text),
+        "--no-progress",
+    ]
+    assert main([*base, "--output-dir", str(tmp_path), "--num-sequences", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "defaults fitted to the model's max_position_embeddings = 256: --length 2048 -> 256" in out
+    assert read_json(tmp_path / "longctx.json")["length"] == 256
+    assert main([*base, "--output-dir", str(tmp_path / "given"), "--length", "1024"]) == 2
+    captured = capsys.readouterr()
+    assert "--length: 1024 tokens exceeds the model's max_position_embeddings = 256" in captured.err
+    assert "fitted" not in captured.out
+
+
+# --- every task with no flag on a model `train --preset micro` made
+
+
+@pytest.fixture(scope="module")
+def micro_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("micro") / "run"
+    argv = ["train", "--preset", "micro", "--max-steps", "3", "--report-to", "none", "--output-dir", str(run)]
+    assert main(argv) == 0
+    return run
+
+
+QUICK_TASKS = ("longctx", "mqar", "outliers")
+
+
+@pytest.mark.parametrize(
+    "task", [t if t in QUICK_TASKS else pytest.param(t, marks=pytest.mark.slow) for t in TASKS]
+)
+def test_every_task_runs_with_no_flag_on_a_micro_run(micro_run, tmp_path, task, capsys):
+    assert (
+        main(["eval", task, "--model", str(micro_run), "--output-dir", str(tmp_path), "--no-progress"]) == 0
+    )
+    assert read_json(tmp_path / f"{task}.json")["task"] == task
+    if task != "mqar":  # mqar's default sequences fit 256 tokens
+        assert "defaults fitted to the model's max_position_embeddings = 256" in capsys.readouterr().out
