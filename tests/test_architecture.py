@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "difftransformer"
 # rank do not import each other. The top rank holds the commands and tools that may use everything.
 RANKS: dict[str, int] = {
     "storage": 0,
+    "stats": 0,
+    "plotting": 1,
     "ops": 1,
     "layers": 2,
     "models": 3,
@@ -28,8 +30,9 @@ RANKS: dict[str, int] = {
     "__main__": 7,
     "__init__": 7,
 }
-# eval works on any causal LM: it needs the models, their layers (logit hooks), the data and the storage.
-EVAL_MAY_IMPORT = {"eval", "models", "layers", "ops", "data", "storage"}
+# eval works on any causal LM: it needs the models, their layers (logit hooks), the data, the storage, the
+# statistics and the plots.
+EVAL_MAY_IMPORT = {"eval", "models", "layers", "ops", "data", "storage", "stats", "plotting"}
 
 
 def unit(module_path: Path) -> str:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from difftransformer.eval.common import mean, spread
+from difftransformer.stats import mean, spread
 from difftransformer.storage import atomic_write
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from difftransformer.eval.common import mean, spread
+from difftransformer.stats import mean, spread
 
 Curve = Sequence[tuple[int, float]]  # (tokens seen, validation loss)
 

@@ -25,7 +25,8 @@ from difftransformer.compare.scaling import fit_power_law, matching_ratio
 from difftransformer.compare.suite_report import suite_sections
 from difftransformer.compare.variants import Variant, baseline_of, parse_variant
 from difftransformer.compare.verdict import AT_CHANCE, RULE
-from difftransformer.eval.common import mean, pyplot, save_figure, spread
+from difftransformer.plotting import pyplot, save_figure
+from difftransformer.stats import mean, spread
 from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.runner import METRICS_CSV
 

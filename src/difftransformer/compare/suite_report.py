@@ -11,9 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from difftransformer.compare.document import Report, mean_spread
-from difftransformer.eval.common import mean, pyplot, save_figure, spread
 from difftransformer.eval.registry import get_task
 from difftransformer.eval.task import Chart, Panel
+from difftransformer.plotting import pyplot, save_figure
+from difftransformer.stats import mean, spread
 
 Group = tuple[str, list[dict]]
 

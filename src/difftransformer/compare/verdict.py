@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from difftransformer.eval.common import mean, spread
+from difftransformer.stats import mean, spread
 
 SPREAD_MULTIPLE = 2.0
 

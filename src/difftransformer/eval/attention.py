@@ -32,11 +32,13 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from difftransformer.data.needles import make_needle_sample
-from difftransformer.eval.common import is_difftransformer, mean, model_device, pyplot, save_figure
+from difftransformer.eval.common import is_difftransformer, model_device
 from difftransformer.eval.logits import attention_logits
 from difftransformer.eval.needle import NeedleOptions, fit_needle_lengths, validate_needle_run
 from difftransformer.eval.options import flag, option, with_settings
 from difftransformer.eval.task import Chart, Column, Measure, Panel, SuiteContext, Task
+from difftransformer.plotting import pyplot, save_figure
+from difftransformer.stats import mean
 from difftransformer.storage import write_json
 
 

@@ -1,5 +1,6 @@
-"""What every evaluation task shares: loading a checkpoint, validating lengths, seeding, held-out text, the
-held-out loss, and saving plots (results files are written with :mod:`difftransformer.storage`)."""
+"""What every evaluation task shares: loading a checkpoint, validating and fitting lengths, seeding, held-out text
+and the held-out loss (statistics are in :mod:`difftransformer.stats`, plots in :mod:`difftransformer.plotting`,
+results files are written with :mod:`difftransformer.storage`)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,6 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-
-from difftransformer.storage import atomic_write
 
 
 def seed_everything(seed: int) -> np.random.Generator:
@@ -97,54 +96,6 @@ def model_device(model: nn.Module) -> torch.device:
     for param in model.parameters():
         return param.device
     return torch.device("cpu")
-
-
-def mean(values: Sequence[float]) -> float:
-    """The arithmetic mean of a non-empty sequence."""
-    return sum(values) / len(values)
-
-
-def spread(values: Sequence[float]) -> float:
-    """The sample standard deviation (0 for fewer than two values): the spread across seeds in every report."""
-    if len(values) < 2:
-        return 0.0
-    centre = mean(values)
-    return (sum((v - centre) ** 2 for v in values) / (len(values) - 1)) ** 0.5
-
-
-def parse_list(text: str | Sequence, kind: type = int, name: str = "list") -> list:
-    """'1,2,4' -> [1, 2, 4]; a sequence passes through converted. Clear error on a bad item."""
-    items = text.split(",") if isinstance(text, str) else list(text)
-    try:
-        values = [kind(str(item).strip()) for item in items if str(item).strip()]
-    except ValueError as err:
-        raise ValueError(f"{name} must be comma-separated {kind.__name__} values; got {text!r}") from err
-    if not values:
-        raise ValueError(f"{name} must not be empty")
-    return values
-
-
-def save_figure(figure, path: str | os.PathLike) -> Path:
-    """Save a matplotlib figure as PNG atomically and close it."""
-    import matplotlib.pyplot as plt
-
-    figure.tight_layout()
-    try:
-        return atomic_write(
-            path, lambda handle: figure.savefig(handle, format="png", dpi=120, bbox_inches="tight")
-        )
-    finally:
-        plt.close(figure)
-
-
-def pyplot():
-    """matplotlib.pyplot on the Agg backend (no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def load_texts(

@@ -28,14 +28,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from difftransformer.eval.common import (
-    check_context_length,
-    load_texts,
-    max_context,
-    model_device,
-    pyplot,
-    save_figure,
-)
+from difftransformer.eval.common import check_context_length, load_texts, max_context, model_device
 from difftransformer.eval.hallucination_judges import Judge, check_judge_spec, load_judge
 from difftransformer.eval.hallucination_qa import (
     ATTRIBUTES,
@@ -48,6 +41,7 @@ from difftransformer.eval.hallucination_qa import (
 )
 from difftransformer.eval.options import at_least, flag, option, with_settings
 from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task
+from difftransformer.plotting import pyplot, save_figure
 from difftransformer.storage import write_json
 
 FAMILIES: tuple[str, ...] = ("qa", "summary")

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from difftransformer.eval.common import check_context_length, load_model_and_tokenizer, mean, model_device
+from difftransformer.eval.common import check_context_length, load_model_and_tokenizer, model_device
+from difftransformer.stats import mean
 
 
 @dataclass(frozen=True)

@@ -13,16 +13,10 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from difftransformer.eval.common import (
-    check_context_length,
-    max_context,
-    model_device,
-    pyplot,
-    save_figure,
-    token_stream,
-)
+from difftransformer.eval.common import check_context_length, max_context, model_device, token_stream
 from difftransformer.eval.options import at_least, option, with_settings
 from difftransformer.eval.task import Chart, Column, Measure, Panel, SuiteContext, Task
+from difftransformer.plotting import pyplot, save_figure
 from difftransformer.storage import write_json
 
 

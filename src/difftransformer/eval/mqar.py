@@ -24,16 +24,11 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from difftransformer.eval.common import (
-    check_context_length,
-    max_context,
-    mean,
-    model_device,
-    pyplot,
-    save_figure,
-)
+from difftransformer.eval.common import check_context_length, max_context, model_device
 from difftransformer.eval.options import at_least, not_empty, option, with_settings
 from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task
+from difftransformer.plotting import pyplot, save_figure
+from difftransformer.stats import mean
 from difftransformer.storage import write_json
 
 

@@ -25,16 +25,10 @@ from difftransformer.data.needles import (
     encode,
     make_needle_sample,
 )
-from difftransformer.eval.common import (
-    capped,
-    check_context_length,
-    max_context,
-    model_device,
-    pyplot,
-    save_figure,
-)
+from difftransformer.eval.common import capped, check_context_length, max_context, model_device
 from difftransformer.eval.options import at_least, flag, not_empty, option, with_settings
 from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task
+from difftransformer.plotting import pyplot, save_figure
 from difftransformer.storage import write_json
 
 DEFAULT_DEPTHS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)

@@ -94,7 +94,9 @@ def add_flags(parser: argparse.ArgumentParser, options_type: type, exclude: Iter
         action.default = argparse.SUPPRESS
         if action.nargs == "+":
             action.type = _items(action.type)
-            action.__class__ = argparse._ExtendAction  # a repeated flag adds values (--documents A --documents B)
+            action.__class__ = (
+                argparse._ExtendAction
+            )  # a repeated flag adds values (--documents A --documents B)
     for group in source._action_groups:
         group._group_actions[:] = [a for a in group._group_actions if a.dest not in skip]
     source._actions[:] = [a for a in source._actions if a.dest not in skip]

@@ -22,18 +22,12 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from difftransformer.eval.common import (
-    check_context_length,
-    max_context,
-    mean_token_nll,
-    pyplot,
-    save_figure,
-    token_stream,
-)
+from difftransformer.eval.common import check_context_length, max_context, mean_token_nll, token_stream
 from difftransformer.eval.logits import attention_logits, visible_keys
 from difftransformer.eval.needle import CHANCE, CHANCE_MARGIN, NeedleOptions, fit_needle_lengths, run_needle
 from difftransformer.eval.options import at_least, not_empty, option, with_settings
 from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task
+from difftransformer.plotting import pyplot, save_figure
 from difftransformer.storage import write_json
 
 GRANULARITIES: tuple[str, ...] = ("tensor", "head", "row")
