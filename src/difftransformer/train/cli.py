@@ -14,6 +14,8 @@ import dataclasses
 import os
 import sys
 
+from tqdm.auto import tqdm
+
 from difftransformer.convert.upcycle import initial_model
 from difftransformer.models import ATTENTION_KINDS
 from difftransformer.train.checkpoints import last_good_checkpoint
@@ -97,7 +99,9 @@ def run(args: argparse.Namespace) -> int:
         data_options = dataclasses.replace(data_options, tokenizer=args.init_from)
         pretrained = initial_model(args.init_from, args.attention, seed=settings.seed)
     data = prepare_preset_data(preset, data_options, settings.seed)
-    model = pretrained if pretrained is not None else preset.model_for(args.attention or "diff", data.tokenizer)
+    model = (
+        pretrained if pretrained is not None else preset.model_for(args.attention or "diff", data.tokenizer)
+    )
     attention = (model.config if pretrained is not None else model).attention
     try:
         result = train_model(
@@ -115,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         checkpoint = last_good_checkpoint(settings.output_dir, quarantine=False)
         where = f"from {checkpoint.name}" if checkpoint else "from step 0 (no checkpoint was finished)"
-        print(f"difftransformer train: interrupted; `--resume` continues {where}", file=sys.stderr)
+        # tqdm.write: on a line of its own, whatever the progress bar left on the current one.
+        tqdm.write(f"difftransformer train: interrupted; `--resume` continues {where}", file=sys.stderr)
         return 130
     if is_main_process():
         print(

@@ -1,0 +1,162 @@
+"""What a user can get wrong with ``convert`` and ``train`` ends in one line with exit 2 (Ctrl-C in one line with exit
+130), and a conversion never changes its input or leaves a half-written output."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from transformers import LlamaForCausalLM
+
+from difftransformer.cli import main as cli_main
+from difftransformer.train.checkpoints import COMPLETE_MARKER
+from helpers import random_model
+from test_convert import random_diffllama
+from test_convert_llama import random_llama
+from test_train_support import synthetic_texts
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+def refused(argv: list[str], capsys) -> str:
+    """Run ``argv``, check it exits 2 with one line on stderr and no traceback, return that line."""
+    capsys.readouterr()
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.fixture
+def softmax_run(tmp_path) -> Path:
+    folder = tmp_path / "run"
+    random_model(attention="softmax", num_attention_heads=4).save_pretrained(folder)
+    return folder
+
+
+def test_convert_never_writes_into_or_around_its_input(softmax_run, tmp_path, capsys):
+    before = snapshot(softmax_run)
+    for output, says in [
+        (softmax_run, "outside the source"),
+        (softmax_run / "llama", "outside the source"),
+        (tmp_path, "must not contain the source"),
+    ]:
+        assert says in refused(
+            ["convert", "--to-llama", str(softmax_run), "--output-dir", str(output)], capsys
+        )
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("keep me")
+    err = refused(
+        ["convert", "--to-llama", str(softmax_run), "--output-dir", str(tmp_path / "taken")], capsys
+    )
+    assert "new or empty folder" in err
+    assert (tmp_path / "taken" / "notes.txt").read_text() == "keep me"
+    assert snapshot(softmax_run) == before and not (softmax_run / "llama").exists()
+
+
+def test_a_conversion_that_fails_while_saving_leaves_nothing(softmax_run, tmp_path, monkeypatch):
+    def broken_save(self, folder, **kwargs):
+        (Path(folder) / "config.json").write_text("{}")
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(LlamaForCausalLM, "save_pretrained", broken_save)
+    before = snapshot(softmax_run)
+    with pytest.raises(RuntimeError, match="disk full"):
+        cli_main(["convert", "--to-llama", str(softmax_run), "--output-dir", str(tmp_path / "out")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no output, no staging folder
+    assert snapshot(softmax_run) == before
+
+
+def test_native_folders_are_refused_by_the_to_directions(tmp_path, capsys):
+    random_llama(2).save_pretrained(tmp_path / "llama")
+    random_diffllama(2).save_pretrained(tmp_path / "diffllama")
+    for flag, folder in [
+        ("--to-llama", "llama"),
+        ("--to-diffllama", "diffllama"),
+        ("--to-llama", "diffllama"),
+    ]:
+        err = refused(
+            ["convert", flag, str(tmp_path / folder), "--output-dir", str(tmp_path / "out")], capsys
+        )
+        assert "model_type" in err and "--from-" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "damage", ["truncated weights", "no weights", "junk config", "config without a type"]
+)
+def test_damaged_folders_are_refused_in_one_line(softmax_run, tmp_path, capsys, damage):
+    weights = softmax_run / "model.safetensors"
+    if damage == "truncated weights":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif damage == "no weights":
+        weights.unlink()
+    elif damage == "junk config":
+        (softmax_run / "config.json").write_text("{ this is not json")
+    else:
+        (softmax_run / "config.json").write_text("[1, 2]")
+    before = snapshot(softmax_run)
+    for flag in ("--to-llama", "--from-llama"):
+        refused(["convert", flag, str(softmax_run), "--output-dir", str(tmp_path / "out")], capsys)
+    assert snapshot(softmax_run) == before and not (tmp_path / "out").exists()
+
+
+@pytest.fixture
+def train_argv(tmp_path, monkeypatch) -> tuple[list[str], Path]:
+    monkeypatch.setenv("DIFFTRANSFORMER_CACHE", str(tmp_path / "cache"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(synthetic_texts()))
+    run = tmp_path / "run"
+    argv = [
+        "train", "--data", str(corpus), "--block-size", "64", "--needle-fraction", "0", "--report-to", "none",
+        "--output-dir", str(run),
+    ]  # fmt: skip
+    return argv, run
+
+
+def test_resume_with_another_preset_is_refused_in_one_line(train_argv, capsys):
+    argv, run = train_argv
+    assert cli_main([*argv, "--preset", "micro", "--max-steps", "1", "--save-steps", "1"]) == 0
+    err = refused([*argv, "--preset", "tiny", "--max-steps", "2", "--resume"], capsys)
+    assert "checkpoint-1 holds another model" in err and "hidden_size=32" in err and "hidden_size=128" in err
+
+
+def test_ctrl_c_ends_train_with_a_one_line_note(train_argv):
+    argv, run = train_argv
+    command = [
+        *argv,
+        "--preset",
+        "micro",
+        "--max-steps",
+        "100000",
+        "--save-steps",
+        "2",
+        "--eval-steps",
+        "100000",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "difftransformer", *command], stderr=subprocess.PIPE, text=True, env=env
+    )
+    deadline = time.monotonic() + 120
+    while not (run / "checkpoint-2" / COMPLETE_MARKER).is_file() and process.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint within 120 s"
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    note = "difftransformer train: interrupted; `--resume` continues from checkpoint-"
+    assert any(line.startswith(note) for line in err.replace("\r", "\n").splitlines()), err[-500:]
