@@ -11,6 +11,7 @@ from difftransformer.eval import longctx, mqar, needle
 from difftransformer.eval.options import add_flags, given_settings
 from difftransformer.eval.registry import TASKS
 from difftransformer.storage import read_json
+from test_eval import char_tokenizer  # noqa: F401  (a fixture: one token per character)
 from test_eval_smoke import checkpoints  # noqa: F401  (the module-scoped tiny checkpoints, 256 positions)
 
 
@@ -66,12 +67,24 @@ class Sized:
     config = argparse.Namespace(max_position_embeddings=256)
 
 
-def test_defaults_are_fitted_to_the_model_and_given_lengths_are_not():
+TEMPLATES = (needle.NEEDLE_TEMPLATE, needle.QUESTION_TEMPLATE)
+
+
+def test_defaults_are_fitted_to_the_model_and_given_lengths_are_not(char_tokenizer):  # noqa: F811
     task, model = needle.TASK, Sized()
-    fitted = task.fit(needle.NeedleOptions(context_lengths=[128, 1024, 2048]), model, None, frozenset())
+    options = needle.NeedleOptions(context_lengths=[128, 1024, 2048])
+    fitted = task.fit(options, model, None, frozenset({"needles"}))
     assert fitted.context_lengths == [128, 256]
     given = needle.NeedleOptions(context_lengths=[1024])
-    assert task.fit(given, model, None, frozenset({"context_lengths"})) is given
+    assert task.fit(given, model, None, frozenset({"context_lengths", "needles"})) is given
+    # N:R pairs not given are kept where their needles and question fit the shortest length.
+    tokens = {
+        pairs: needle.needle_tokens(char_tokenizer, *pairs, *TEMPLATES, 6) for pairs in ((1, 1), (4, 2))
+    }
+    fitted = task.fit(
+        needle.NeedleOptions(context_lengths=[tokens[1, 1]]), model, char_tokenizer, frozenset()
+    )
+    assert fitted.needles == ["1:1"] and tokens[4, 2] > tokens[1, 1]
     assert longctx.TASK.fit(longctx.LongctxOptions(), model, None, frozenset()).length == 256
     pairs = mqar.TASK.fit(mqar.MqarOptions(num_pairs=[4, 64, 128]), model, None, frozenset()).num_pairs
     assert pairs == [4, 64]  # 128 pairs and their queries are 512 tokens
@@ -109,7 +122,8 @@ def micro_run(tmp_path_factory):
     return run
 
 
-QUICK_TASKS = ("longctx", "mqar", "outliers")
+# needle and quant decode many greedy answers; hallucination downloads BBC News (once).
+QUICK_TASKS = ("attention", "outliers", "longctx", "icl", "mqar")
 
 
 @pytest.mark.parametrize(

@@ -203,7 +203,7 @@ class AttentionTask(Task):
     def fit(
         self, options: AttentionOptions, model: nn.Module, tokenizer: Any, given: frozenset[str]
     ) -> AttentionOptions:
-        return fit_needle_lengths(options, model, given)
+        return fit_needle_lengths(options, model, tokenizer, given)
 
     def light_options(self, light: AttentionOptions, suite: SuiteContext) -> AttentionOptions:
         return dataclasses.replace(

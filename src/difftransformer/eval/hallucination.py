@@ -484,7 +484,13 @@ class HallucinationTask(Task):
             return options
         changes: dict[str, Any] = {}
         if "qa" in options.families and "distractors" not in given:
-            changes["distractors"] = self._fit_distractors(options, tokenizer, limit) or options.distractors
+            kept = self._fit_distractors(options, tokenizer, limit)
+            if not kept and "attributes" not in given:
+                # Shorter documents: the light settings' fewer attribute kinds per person.
+                fewer = dataclasses.replace(options, attributes=self.light.attributes)
+                kept = self._fit_distractors(fewer, tokenizer, limit)
+                changes["attributes"] = fewer.attributes if kept else options.attributes
+            changes["distractors"] = kept or options.distractors
         if "summary" in options.families and not {"fit_context", "article_words"} & given:
             changes["fit_context"] = limit
         fitted = dataclasses.replace(options, **changes)

@@ -89,6 +89,17 @@ def parse_needle_configs(text: str) -> list[tuple[int, int]]:
     return configs
 
 
+def needle_tokens(
+    tokenizer, n: int, r: int, needle_template: str, question_template: str, digits: int
+) -> int:
+    """About how many tokens N needles and the question about R of them take (the longest city names)."""
+    needle_len = max(
+        len(encode(tokenizer, needle_template.format(city=c, number="9" * digits))) for c in CITIES[:n]
+    )
+    question = question_template.format(cities=", ".join(CITIES[:r]), city=CITIES[0])
+    return n * needle_len + len(encode(tokenizer, question)) + 1
+
+
 def validate_needle_run(
     model,
     tokenizer,
@@ -106,12 +117,7 @@ def validate_needle_run(
         for n, r in configs:
             if n > len(CITIES):
                 raise ValueError(f"--needles: N={n} exceeds the {len(CITIES)} available cities")
-            needle_len = max(
-                len(encode(tokenizer, needle_template.format(city=c, number="9" * number_digits)))
-                for c in CITIES[:n]
-            )
-            question = question_template.format(cities=", ".join(CITIES[:r]), city=CITIES[0])
-            need = n * needle_len + len(encode(tokenizer, question)) + 1
+            need = needle_tokens(tokenizer, n, r, needle_template, question_template, number_digits)
             if need > length:
                 raise ValueError(
                     f"--needles {n}:{r} needs about {need} tokens of needles and question, more than the "
@@ -159,12 +165,27 @@ class NeedleOptions:
         return parse_needle_configs(",".join(self.needles))
 
 
-def fit_needle_lengths(options: NeedleOptions, model: nn.Module, given: frozenset[str]) -> NeedleOptions:
-    """``options`` with context lengths the user did not give capped at the model's context."""
+def fit_needle_lengths(
+    options: NeedleOptions, model: nn.Module, tokenizer: Any, given: frozenset[str]
+) -> NeedleOptions:
+    """``options`` with context lengths the user did not give capped at the model's context, and N:R pairs the
+    user did not give kept only where their needles and question fit the shortest length."""
     limit = max_context(model)
-    if "context_lengths" in given or limit is None:
+    if limit is None:
         return options
-    return dataclasses.replace(options, context_lengths=capped(options.context_lengths, limit))
+    if "context_lengths" not in given:
+        options = dataclasses.replace(options, context_lengths=capped(options.context_lengths, limit))
+    if "needles" not in given and len(CITIES) >= max(n for n, _ in options.pairs):
+        shortest = min(options.context_lengths)
+        digits, templates = options.needle_digits, (options.needle_template, options.question_template)
+        kept = [
+            f"{n}:{r}"
+            for n, r in options.pairs
+            if needle_tokens(tokenizer, n, r, *templates, digits) <= shortest
+        ]
+        if kept and kept != options.needles:
+            options = dataclasses.replace(options, needles=kept)
+    return options
 
 
 def run_needle(
@@ -271,7 +292,7 @@ class NeedleTask(Task):
     def fit(
         self, options: NeedleOptions, model: nn.Module, tokenizer: Any, given: frozenset[str]
     ) -> NeedleOptions:
-        return fit_needle_lengths(options, model, given)
+        return fit_needle_lengths(options, model, tokenizer, given)
 
     def light_options(self, light: NeedleOptions, suite: SuiteContext) -> NeedleOptions:
         return dataclasses.replace(

@@ -198,7 +198,7 @@ class QuantTask(Task):
     def fit(
         self, options: QuantOptions, model: nn.Module, tokenizer: Any, given: frozenset[str]
     ) -> QuantOptions:
-        options = fit_needle_lengths(options, model, given)
+        options = fit_needle_lengths(options, model, tokenizer, given)
         limit = max_context(model)
         if "length" in given or limit is None:
             return options
