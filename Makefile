@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-slow lint demo study bench clean
+.PHONY: test test-slow lint demo study study-upcycle bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,24 @@ demo: $(STAMP)
 # the Transformer, 2 seeds each (about an hour on 2 CPU cores).
 study: $(STAMP)
 	$(PY) -m difftransformer compare --preset study --variants "diff,diff(subln=none),diff_v2,softmax" --seeds 0,1 --output-dir runs/study
+
+# Upcycling (docs/results/upcycle): the study's softmax Transformer pretrained (or reused from runs/upcycle-base),
+# then continued as it is and upcycled to DIFF V2 and DIFF V1, trained alike, 2 seeds each (about an hour on 2 CPU
+# cores). The UPCYCLE_* variables shorten it, e.g. a smoke run: UPCYCLE_PRESET=micro UPCYCLE_BASE_ARGS="--max-steps 3"
+# UPCYCLE_ARGS="--max-steps 2 --tasks mqar" UPCYCLE_RUNS=/tmp/up UPCYCLE_REPORT=/tmp/up/report.
+UPCYCLE_PRESET ?= study
+UPCYCLE_BASE_ARGS ?=
+UPCYCLE_ARGS ?= --max-steps 400 --warmup-steps 20 --learning-rate 5e-4 --save-steps 200
+UPCYCLE_RUNS ?= runs/upcycle
+UPCYCLE_REPORT ?= docs/results/upcycle
+study-upcycle: $(STAMP)
+	$(PY) -m difftransformer train --preset $(UPCYCLE_PRESET) --attention softmax --resume \
+		--output-dir $(UPCYCLE_RUNS)/base $(UPCYCLE_BASE_ARGS)
+	$(PY) -m difftransformer compare --preset $(UPCYCLE_PRESET) --init-from $(UPCYCLE_RUNS)/base \
+		--variants softmax,diff_v2,diff --seeds 0,1 --output-dir $(UPCYCLE_RUNS)/compare $(UPCYCLE_ARGS)
+	mkdir -p $(UPCYCLE_REPORT)
+	cp $(UPCYCLE_RUNS)/compare/report.md $(UPCYCLE_RUNS)/compare/report.html $(UPCYCLE_RUNS)/compare/results.json \
+		$(UPCYCLE_RUNS)/compare/*.png $(UPCYCLE_REPORT)/
 
 bench: $(STAMP)
 	$(PY) -m difftransformer bench

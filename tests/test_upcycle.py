@@ -171,3 +171,21 @@ def test_train_init_from_refuses_a_diff_folder_to_upcycle_and_a_second_tokenizer
     assert cli_main([*base, "--init-from", str(folder), "--tokenizer", str(folder)]) == 2
     assert "--tokenizer" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_compare_init_from_continues_and_upcycles_the_same_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIFFTRANSFORMER_CACHE", str(tmp_path / "cache"))
+    folder, _ = llama_folder(tmp_path)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(synthetic_texts()))
+    argv = [
+        "compare", "--init-from", str(folder), "--variants", "softmax,diff_v2,diff", "--preset", "micro",
+        "--data", str(corpus), "--block-size", "64", "--needle-fraction", "0", "--max-steps", "2", "--tasks", "mqar",
+        "--report-to", "none", "--output-dir", str(tmp_path / "compare"),
+    ]  # fmt: skip
+    assert cli_main(argv) == 0
+    runs = json.loads((tmp_path / "compare" / "results.json").read_text())["runs"]
+    assert [run["variant"] for run in runs] == ["softmax", "diff_v2", "diff"]
+    for run in runs:
+        assert DiffTransformerForCausalLM.from_pretrained(run["folder"]).config.hidden_size == 64
+    assert "DIFF V2" in (tmp_path / "compare" / "report.md").read_text()

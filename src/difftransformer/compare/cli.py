@@ -9,6 +9,7 @@ option, as for ``train`` (each run's Trainer folder is OUTPUT_DIR/runs/RUN).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 
 from difftransformer.compare.runs import run_comparison
@@ -61,6 +62,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "softmax: the matched baseline; diff_v2) with optional config overrides in parentheses, e.g. "
         "'diff,diff(subln=none),diff_v2,softmax'; each is reported under a name saying what it is, and every "
         "other variant is judged against softmax (default: diff,softmax)",
+    )
+    own.add_argument(
+        "--init-from",
+        metavar="DIR",
+        help="a pretrained softmax model folder (Llama-family or ours) every variant starts from, with its "
+        "tokenizer: softmax continues it as it is, diff_v2 and diff continue it upcycled (the same logits at "
+        "step 0; docs/training.md); the preset gives the recipe",
     )
     own.add_argument(
         "--seeds",
@@ -134,6 +142,20 @@ def run(args: argparse.Namespace) -> int:
     """Check the flags, prepare the data (with --seed, as ``train`` does), run the comparison, print where the
     report is."""
     preset = resolved_preset(args)
+    data_options = DataOptions(**given(args, DataOptions))
+    if args.init_from:
+        for variant in args.variants:
+            if variant.overrides:
+                raise ValueError(
+                    f"--variants: with --init-from the pretrained model fixes every shape; got {variant.spec()}"
+                )
+        if args.sizes:
+            raise ValueError("--sizes: with --init-from the pretrained model fixes the width; drop --sizes")
+        if data_options.tokenizer:
+            raise ValueError(
+                "--tokenizer: --init-from brings the folder's own tokenizer; give one of the two"
+            )
+        data_options = dataclasses.replace(data_options, tokenizer=args.init_from)
     if args.needle_samples < 1:
         raise ValueError(
             f"--needle-samples must be >= 1 (leave needle out of --tasks to skip it); got {args.needle_samples}"
@@ -149,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     training = {name: value for name, value in training_options(args).items() if name != "output_dir"}
     # Every training option is checked now, before any work (each run builds its own with its folder and seed).
     preset.training_settings(output_dir=os.path.join(args.output_dir, "runs"), **training)
-    data = prepare_preset_data(preset, DataOptions(**given(args, DataOptions)), training["seed"])
+    data = prepare_preset_data(preset, data_options, training["seed"])
     markdown = run_comparison(data, preset, args, training)
     print(f"report: {os.path.abspath(markdown)}")
     print(f"        {os.path.abspath(markdown.with_suffix('.html'))}")

@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from difftransformer.compare.report import build_report
 from difftransformer.compare.variants import Variant
+from difftransformer.convert.upcycle import initial_model
 from difftransformer.eval.common import mean_token_nll
 from difftransformer.eval.harness import run_harness
 from difftransformer.eval.suite import SuiteSettings, run_suite, suite_options
@@ -63,15 +64,18 @@ def train_and_evaluate(
     args: argparse.Namespace,
     training: dict[str, Any],
 ) -> RunRecord:
-    """Train one model (resuming a killed run, reusing a finished one) and evaluate it on the test split: test loss
-    and the evaluation suite, whose files go to FOLDER/eval/TASK/ (a task already run on this model with the same
-    settings is reused from evaluation.json). ``training``: the command line's training options beyond the
+    """Train one model (resuming a killed run, reusing a finished one; with ``args.init_from`` the pretrained
+    model, upcycled to the variant's kind) and evaluate it on the test split: test loss and the evaluation suite,
+    whose files go to FOLDER/eval/TASK/ (a task already run on this model with the same settings is reused from
+    evaluation.json). ``training``: the command line's training options beyond the
     preset's (its seed replaced by ``seed``)."""
     tokenizer = data.tokenizer
     run_settings = preset.training_settings(**{**training, "output_dir": str(folder), "seed": seed})
     if not (folder / SUMMARY_JSON).is_file():
         train_model(
-            variant.config(preset.model_for(variant.kind, tokenizer)),
+            initial_model(args.init_from, variant.kind, seed=seed)
+            if args.init_from
+            else variant.config(preset.model_for(variant.kind, tokenizer)),
             data.train_blocks,
             data.validation_blocks[: preset.eval_blocks],
             tokenizer,
