@@ -49,11 +49,6 @@ class Variant:
     def is_baseline(self) -> bool:
         return self.kind == BASELINE and not self.overrides
 
-    @property
-    def is_paper_diff(self) -> bool:
-        """DIFF V1 exactly as the paper specifies it (no overrides)."""
-        return self.kind == "diff" and not self.overrides
-
     def config(self, base: DiffTransformerConfig) -> DiffTransformerConfig:
         """``base`` (the preset's model of this kind) with the overrides applied; a value the config refuses is a
         ValueError naming this variant."""
