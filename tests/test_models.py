@@ -257,9 +257,10 @@ def test_save_and_load_round_trip_bit_exactly(tmp_path):
     assert isinstance(AutoModel.from_pretrained(tmp_path), DiffTransformerModel)
 
 
-def test_checkpoint_names_follow_the_llama_family(tmp_path):
-    """On disk the names are the Llama family's and the paper's (DiffLlama's lambda names); in memory the lambda
-    vectors sit in their own float32 submodule."""
+def test_checkpoint_names_are_the_llama_familys_and_the_lambda_submodules(tmp_path):
+    """On disk the names are the Llama family's, and the lambda vectors keep their in-memory names (their own float32
+    submodule); transformers' "original format" (``revert_weight_conversion``, what the DiffLlama conversion reads)
+    gives DiffLlama's lambda names, for a new model and for a loaded one alike."""
     model = random_model(num_key_value_heads=1)
     assert "model.layers.0.self_attn.lambda_vectors.k2" in model.state_dict()
     model.save_pretrained(tmp_path)
@@ -268,7 +269,7 @@ def test_checkpoint_names_follow_the_llama_family(tmp_path):
         "model.embed_tokens.weight",
         "model.layers.0.input_layernorm.weight",
         "model.layers.0.self_attn.q_proj.weight",
-        "model.layers.0.self_attn.lambda_k2",
+        "model.layers.0.self_attn.lambda_vectors.k2",
         "model.layers.0.self_attn.subln.weight",
         "model.layers.0.post_attention_layernorm.weight",
         "model.layers.0.mlp.down_proj.weight",
@@ -276,6 +277,22 @@ def test_checkpoint_names_follow_the_llama_family(tmp_path):
         "lm_head.weight",
     ]:
         assert expected in names
+    assert names == set(model.state_dict())
+    for source in (model, DiffTransformerForCausalLM.from_pretrained(tmp_path)):
+        original = set(checkpoint_state(source))
+        assert "model.layers.0.self_attn.lambda_k2" in original and not any(
+            "lambda_vectors" in n for n in original
+        )
+    model.save_pretrained(tmp_path / "original", save_original_format=True)
+    names = set(safetensors.torch.load_file(tmp_path / "original" / "model.safetensors"))
+    assert "model.layers.0.self_attn.lambda_k2" in names
+    restored = DiffTransformerForCausalLM.from_pretrained(
+        tmp_path / "original", dtype=torch.float64
+    ).state_dict()
+    assert all(
+        torch.equal(restored[name], value.to(restored[name].dtype))
+        for name, value in model.state_dict().items()
+    )
     assert "model.layers.2.self_attn.lambda_proj.weight" in set(
         random_model(attention="diff_v2").state_dict()
     )

@@ -29,7 +29,7 @@ class LambdaVectors(nn.Module):
 
     A module of their own, so that the float32-kept parameters form their own group wherever parameters are
     grouped by owning module (FSDP2 needs one dtype per group; transformers gives ``_keep_in_fp32_modules``
-    their own). On disk they keep the names ``self_attn.lambda_q1`` ... (models/modeling.py maps them).
+    their own). Saved under these names; the Llama-family ``self_attn.lambda_q1`` ... load too (models/modeling.py).
 
     Args:
         dim: d, the width of one map's queries and keys.

@@ -10,7 +10,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.conversion_mapping import register_checkpoint_conversion_mapping
-from transformers.core_model_loading import WeightRenaming
+from transformers.core_model_loading import WeightRenaming, WeightTransform
 from transformers.masking_utils import find_packed_sequence_indices
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
@@ -28,12 +28,23 @@ from difftransformer.layers import (
 from difftransformer.models.configuration import DiffTransformerConfig
 from difftransformer.ops import additive_to_bool
 
-# On disk DIFF V1's lambda vectors keep the Llama-family names of the paper's code and DiffLlama
-# (`self_attn.lambda_q1` ...); in memory they live in their own float32 submodule (`self_attn.lambda_vectors.q1`).
+# DIFF V1's lambda vectors live in their own float32 submodule and are saved under those names
+# (`self_attn.lambda_vectors.q1` ...), so that tools reading the file by parameter name (accelerate's
+# load_checkpoint_and_dispatch) find them. The Llama-family names of the paper's code and DiffLlama
+# (`self_attn.lambda_q1` ...) are the "original format" of transformers' conversion machinery: folders saved with
+# them still load (this mapping on from_pretrained, _load_from_state_dict on load_state_dict), and
+# revert_weight_conversion gives them (the DiffLlama conversion reads it).
 LAMBDA_KEYS = {f"lambda_{name}": f"lambda_vectors.{name}" for name in ("q1", "k1", "q2", "k2")}
+
+
+def lambda_renamings() -> list[WeightRenaming]:
+    """Llama-family lambda names -> ours, as transformers' conversion mapping (fresh objects: they keep state)."""
+    return [WeightRenaming(f"self_attn.{old}", f"self_attn.{new}") for old, new in LAMBDA_KEYS.items()]
+
+
 register_checkpoint_conversion_mapping(
     DiffTransformerConfig.model_type,
-    [WeightRenaming(f"self_attn.{old}", f"self_attn.{new}") for old, new in LAMBDA_KEYS.items()],
+    lambda_renamings(),
     overwrite=True,  # the remote-code copy of this module registers it again
 )
 
@@ -131,12 +142,27 @@ class DiffTransformerPreTrainedModel(PreTrainedModel):
         # whatever the dtype (their own submodule, so that FSDP2 groups them apart from the bf16 projections).
         self._keep_in_fp32_modules_strict = ["lambda_vectors"] if config.attention == "diff" else []
 
-    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
-        """transformers' ``save_pretrained``; a wrapper's subclass of this model (FSDP2's) leaves only our code in
-        the folder (:func:`~difftransformer.models.remote_code.remove_foreign_sources`)."""
+    @property
+    def _weight_conversions(self) -> list[WeightTransform]:
+        """What transformers' ``revert_weight_conversion`` undoes: the conversions ``from_pretrained`` used,
+        always with the lambda renaming, so the "original format" is the Llama-family names however the model
+        was made (transformers records only the conversions a load matched, none for a folder in our names)."""
+        # A load that matched the renaming recorded it too: reverted twice, the second finds nothing to rename.
+        return self.__dict__.get("_recorded_weight_conversions", []) + lambda_renamings()
+
+    @_weight_conversions.setter
+    def _weight_conversions(self, conversions: list[WeightTransform]) -> None:
+        self.__dict__["_recorded_weight_conversions"] = list(conversions)
+
+    def save_pretrained(
+        self, save_directory: str | os.PathLike, *args, save_original_format: bool = False, **kwargs
+    ) -> None:
+        """transformers' ``save_pretrained``, writing the in-memory names by default (``save_original_format=True``
+        writes the lambda vectors under their Llama-family names); a wrapper's subclass of this model (FSDP2's)
+        leaves only our code in the folder (:func:`~difftransformer.models.remote_code.remove_foreign_sources`)."""
         from difftransformer.models.remote_code import remove_foreign_sources
 
-        super().save_pretrained(save_directory, *args, **kwargs)
+        super().save_pretrained(save_directory, *args, save_original_format=save_original_format, **kwargs)
         remove_foreign_sources(save_directory, type(self))
 
     def get_correct_attn_implementation(
