@@ -187,3 +187,23 @@ def test_rotary_keeps_the_input_dtype_with_wider_tables(style):
     assert out.dtype == torch.bfloat16
     wide = apply_rotary(x.float(), cos[:, :, None], sin[:, :, None], style)
     torch.testing.assert_close(out, wide.bfloat16())
+
+
+@pytest.mark.parametrize("queries", [1, 5])
+def test_a_hook_on_the_per_head_norm_sees_its_call_and_changes_nothing(queries):
+    """A forward hook on the norm (accelerate's offload loads the gain in one) makes the layer call the module instead
+    of handing its gain to the kernel, which fuses it in the decode step: the same output, the hook called."""
+    torch.manual_seed(2)
+    attn = DiffAttention(64, num_heads=2, num_kv_heads=2, layer_idx=2).eval()
+    with torch.no_grad():
+        attn.subln.weight.uniform_(0.5, 1.5)
+    x = torch.randn(1, queries, 64)
+    cos, sin = RotaryEmbedding(attn.map_head_dim)(x, torch.arange(queries)[None])
+    with torch.no_grad():
+        fused = attn(x, (cos, sin))[0]
+        calls = []
+        handle = attn.subln.register_forward_hook(lambda module, args, out: calls.append(out.shape))
+        hooked = attn(x, (cos, sin))[0]
+        handle.remove()
+    assert calls == [(1, 2, queries, 32)]
+    torch.testing.assert_close(hooked, fused, atol=1e-6, rtol=1e-5)

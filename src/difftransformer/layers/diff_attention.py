@@ -13,7 +13,7 @@ from transformers.cache_utils import Cache
 from difftransformer.layers.hooks import LogitsHook
 from difftransformer.layers.norm import RMSNorm
 from difftransformer.layers.rotary import RopeStyle, apply_rotary
-from difftransformer.ops import HeadNorm, diff_attention, diff_attention_reference, rms_norm
+from difftransformer.ops import HeadNorm, diff_attention, diff_attention_reference
 
 SublnMode = Literal["affine", "plain", "none"]
 SUBLN_MODES: tuple[str, ...] = ("affine", "plain", "none")
@@ -44,6 +44,8 @@ class LambdaVectors(nn.Module):
         self.k1 = nn.Parameter(torch.empty(dim, dtype=torch.float32))
         self.q2 = nn.Parameter(torch.empty(dim, dtype=torch.float32))
         self.k2 = nn.Parameter(torch.empty(dim, dtype=torch.float32))
+        # (the four tensors, their storages and versions with lambda_init, the value): see forward.
+        self._memo: tuple[tuple[torch.Tensor, ...], tuple[float, ...], float] | None = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -51,12 +53,45 @@ class LambdaVectors(nn.Module):
         for vector in (self.q1, self.k1, self.q2, self.k2):
             nn.init.normal_(vector, mean=0.0, std=self.std)
 
-    def forward(self, lambda_init: float) -> torch.Tensor:
-        """exp(q1 . k1) - exp(q2 . k2) + lambda_init, 0-d, in float32 or wider; not clamped."""
+    def train(self, mode: bool = True) -> LambdaVectors:
+        """nn.Module.train, forgetting the remembered inference value."""
+        # Optimizers may update the weights without bumping their version counters (e.g. through .data):
+        # every switch between training and evaluation forgets the remembered lambda.
+        self._memo = None
+        return super().train(mode)
+
+    def forward(self, lambda_init: float, *, inference: bool = False) -> torch.Tensor | float:
+        """exp(q1 . k1) - exp(q2 . k2) + lambda_init, not clamped: a 0-d tensor in float32 or wider.
+
+        ``inference=True`` (no autograd, no compile) gives it as a Python float, remembered while the four
+        vectors are the same tensors with the same storage and no in-place change (and no train/eval switch):
+        a one-token decode step would otherwise spend eight tiny ops per layer recomputing one scalar. The
+        check reads the tensors this forward computes with, so it holds wherever they come from (a PEFT copy
+        of this module trained in full, accelerate's offload loading them for the call).
+        """
+        if not inference:
+            return self._compute(lambda_init)
+        # _parameters directly: nn.Module's attribute lookup would cost a decode step more than the check.
+        q1, k1, q2, k2 = self._parameters.values()
+        # The memo holds the tensors it was computed from, so an equal storage address is the same storage.
+        state = (q1.data_ptr(), q1._version, k1.data_ptr(), k1._version, q2.data_ptr(), q2._version)
+        state += (k2.data_ptr(), k2._version, lambda_init)
+        memo = self._memo
+        if memo is None or memo[1] != state:
+            memo = self._memo = ((q1, k1, q2, k2), state, float(self._compute(lambda_init).detach()))
+        return memo[2]
+
+    def _compute(self, lambda_init: float) -> torch.Tensor:
         dtype = torch.promote_types(self.q1.dtype, torch.float32)
         lambda_1 = torch.exp(torch.sum(self.q1.to(dtype) * self.k1.to(dtype)))
         lambda_2 = torch.exp(torch.sum(self.q2.to(dtype) * self.k2.to(dtype)))
         return lambda_1 - lambda_2 + lambda_init
+
+
+def _called_plain(module: nn.Module) -> bool:
+    """No forward hook on ``module``, torch's or accelerate's (which loads offloaded weights around the call): its
+    parameters may be read without calling it."""
+    return not (module._forward_hooks or module._forward_pre_hooks or "_hf_hook" in module.__dict__)
 
 
 class DiffAttention(nn.Module):
@@ -104,7 +139,6 @@ class DiffAttention(nn.Module):
         self.lambda_init = depth_lambda_init(layer_idx) if lambda_init is None else float(lambda_init)
         self.rope_style, self.is_causal = rope_style, causal
         self.logits_hook: LogitsHook | None = None
-        self._lambda_memo: tuple[list, float] | None = None
 
         width = self.head_dim
         self.q_proj = nn.Linear(hidden_size, num_heads * width, bias=False)
@@ -128,23 +162,6 @@ class DiffAttention(nn.Module):
     def lambda_full(self) -> torch.Tensor:
         """The layer's scalar lambda (0-d, float32 or wider): exp(q1.k1) - exp(q2.k2) + lambda_init, not clamped."""
         return self.lambda_vectors(self.lambda_init)
-
-    def train(self, mode: bool = True) -> DiffAttention:
-        """nn.Module.train, forgetting the remembered inference lambda."""
-        # Optimizers may update the weights without bumping their version counters (e.g. through .data):
-        # every switch between training and evaluation forgets the remembered lambda.
-        self._lambda_memo = None
-        return super().train(mode)
-
-    def _inference_lambda(self) -> float:
-        """float(lambda_full()), remembered while the lambda vectors stay the same (same storage, no in-place
-        change, no train/eval switch): a one-token decode step would otherwise spend eight tiny ops per layer
-        recomputing one scalar."""
-        # Read from _parameters directly: nn.Module's attribute lookup would cost a decode step more than the check.
-        key = [(vector.data_ptr(), vector._version) for vector in self.lambda_vectors._parameters.values()]
-        if self._lambda_memo is None or self._lambda_memo[0] != key:
-            self._lambda_memo = (key, float(self.lambda_full()))
-        return self._lambda_memo[1]
 
     def forward(
         self,
@@ -186,7 +203,6 @@ class DiffAttention(nn.Module):
         # The paper's fixed (1 - lambda_init) output scale rides on the norm's gain.
         out_scale = 1.0 - self.lambda_init
         subln = self.subln
-        norm = None if subln is None else HeadNorm(subln.weight, subln.eps, out_scale)
         maps = None
         if output_attentions or output_component_maps or self.logits_hook is not None:
             hook = None if self.logits_hook is None else partial(self.logits_hook, self)
@@ -194,15 +210,21 @@ class DiffAttention(nn.Module):
                 q, k, v, self.lambda_full(), causal=causal, attn_mask=attention_mask, logits_hook=hook,
                 return_maps=output_attentions or output_component_maps,
             )  # fmt: skip
-            out = out * out_scale if norm is None else rms_norm(out, *norm)
+            out = out * out_scale if subln is None else subln(out, out_scale)
         else:
-            exact = torch.is_grad_enabled() or torch.compiler.is_compiling()
-            lambda_full = self.lambda_full() if exact else self._inference_lambda()
+            inference = not (torch.is_grad_enabled() or torch.compiler.is_compiling())
+            lambda_full = self.lambda_vectors(self.lambda_init, inference=inference)
+            # The norm's gain goes to the operator, which fuses it where it can (the C++ decode step), unless a
+            # hook wraps the norm (accelerate's offload loads the gain only for its call): then it is called.
+            fused = subln is not None and _called_plain(subln)
+            norm = HeadNorm(subln.weight, subln.eps, out_scale) if fused else None
             out = diff_attention(
                 q, k, v, lambda_full, causal=causal, attn_mask=attention_mask, backend=backend, norm=norm
             )
-            if norm is None:
+            if subln is None:
                 out = out * out_scale
+            elif not fused:
+                out = subln(out, out_scale)
         out = self.o_proj(out.transpose(1, 2).reshape(batch, q_len, -1))
         if output_component_maps:
             return out, maps
