@@ -21,7 +21,7 @@ from difftransformer.layers import (
 @pytest.mark.parametrize("style", ["interleaved", "half"])
 def test_rotary_is_a_rotation_that_depends_on_relative_position_only(style):
     d, t = 16, 12
-    cos, sin = RotaryEmbedding(d)(torch.zeros((), dtype=torch.float64), torch.arange(t)[None])
+    cos, sin = RotaryEmbedding(dim=d)(torch.zeros((), dtype=torch.float64), torch.arange(t)[None])
     q, k = torch.randn(1, t, d, dtype=torch.float64), torch.randn(1, t, d, dtype=torch.float64)
     torch.testing.assert_close(apply_rotary(q, cos, sin, style).norm(dim=-1), q.norm(dim=-1))
     # same q and k at positions (3, 1) and (9, 7): the logits agree
@@ -35,7 +35,7 @@ def test_rotary_is_a_rotation_that_depends_on_relative_position_only(style):
 
 def test_rotary_styles_differ_by_a_fixed_permutation():
     d = 8
-    cos, sin = RotaryEmbedding(d, {"rope_theta": 500.0})(
+    cos, sin = RotaryEmbedding(dim=d, rope_parameters={"rope_theta": 500.0})(
         torch.zeros((), dtype=torch.float64), torch.arange(5)[None]
     )
     x = torch.randn(1, 5, d, dtype=torch.float64)
@@ -54,7 +54,7 @@ def test_interleaved_rotary_fast_path_matches_the_pairwise_formula(dtype, layout
     """fp32/fp64 interleaved rotary runs as one complex product where the memory allows (else the pairwise
     ops): both must give the textbook rotation, forward and backward, whatever the input's layout."""
     d, t = 8, 6
-    cos, sin = RotaryEmbedding(d)(torch.zeros((), dtype=dtype), torch.arange(3, 3 + t)[None])
+    cos, sin = RotaryEmbedding(dim=d)(torch.zeros((), dtype=dtype), torch.arange(3, 3 + t)[None])
     cos, sin = cos[:, :, None], sin[:, :, None]  # (1, T, 1, d/2)
     base = torch.randn(1, t, 3, d + 1, dtype=dtype)
     x = {
@@ -75,7 +75,7 @@ def test_interleaved_rotary_fast_path_matches_the_pairwise_formula(dtype, layout
 
 def test_rotary_rejects_odd_width():
     with pytest.raises(ValueError, match="even"):
-        RotaryEmbedding(7)
+        RotaryEmbedding(dim=7)
 
 
 def test_rms_norm_matches_its_definition():
@@ -129,7 +129,7 @@ def test_diff_attention_module_standalone_with_padding_mask():
     attn = DiffAttention(64, num_heads=2, num_kv_heads=1, layer_idx=3, subln="plain").double()
     assert attn.lambda_init == pytest.approx(depth_lambda_init(3))
     x = torch.randn(2, 6, 64, dtype=torch.float64)
-    cos, sin = RotaryEmbedding(attn.map_head_dim)(x, torch.arange(6)[None].expand(2, -1))
+    cos, sin = RotaryEmbedding(dim=attn.map_head_dim)(x, torch.arange(6)[None].expand(2, -1))
     causal = torch.ones(6, 6, dtype=torch.bool).tril()[None, None].expand(2, 1, 6, 6).clone()
     causal[1, ..., :2] = False  # the second sequence's first two tokens are padding
     out_masked, maps = attn(x, (cos, sin), attention_mask=causal, output_component_maps=True)
@@ -145,7 +145,7 @@ def test_diff_v2_component_maps_combine_with_a_per_token_sigmoid_lambda():
     torch.manual_seed(1)
     attn = DiffAttentionV2(64, num_heads=4, num_kv_heads=2, layer_idx=0).double()
     x = torch.randn(2, 5, 64, dtype=torch.float64)
-    cos, sin = RotaryEmbedding(attn.head_dim)(x, torch.arange(5)[None].expand(2, -1))
+    cos, sin = RotaryEmbedding(dim=attn.head_dim)(x, torch.arange(5)[None].expand(2, -1))
     out, (combined, first, second) = attn(x, (cos, sin), output_component_maps=True)
     gate = torch.sigmoid(attn.lambda_proj(x)).transpose(1, 2).unsqueeze(-1)
     torch.testing.assert_close(combined, first - gate * second)
@@ -160,7 +160,7 @@ def test_inference_lambda_follows_the_weights():
     torch.manual_seed(1)
     attn = DiffAttention(64, num_heads=2, num_kv_heads=2, layer_idx=1).eval()
     x = torch.randn(1, 5, 64)
-    cos, sin = RotaryEmbedding(attn.map_head_dim)(x, torch.arange(5)[None])
+    cos, sin = RotaryEmbedding(dim=attn.map_head_dim)(x, torch.arange(5)[None])
 
     def run() -> torch.Tensor:
         with torch.no_grad():
@@ -182,7 +182,7 @@ def test_inference_lambda_follows_the_weights():
 @pytest.mark.parametrize("style", ["interleaved", "half"])
 def test_rotary_keeps_the_input_dtype_with_wider_tables(style):
     x = torch.randn(2, 5, 3, 8, dtype=torch.bfloat16)
-    cos, sin = RotaryEmbedding(8)(torch.zeros(()), torch.arange(5)[None])  # float32 tables
+    cos, sin = RotaryEmbedding(dim=8)(torch.zeros(()), torch.arange(5)[None])  # float32 tables
     out = apply_rotary(x, cos[:, :, None], sin[:, :, None], style)
     assert out.dtype == torch.bfloat16
     wide = apply_rotary(x.float(), cos[:, :, None], sin[:, :, None], style)
@@ -198,7 +198,7 @@ def test_a_hook_on_the_per_head_norm_sees_its_call_and_changes_nothing(queries):
     with torch.no_grad():
         attn.subln.weight.uniform_(0.5, 1.5)
     x = torch.randn(1, queries, 64)
-    cos, sin = RotaryEmbedding(attn.map_head_dim)(x, torch.arange(queries)[None])
+    cos, sin = RotaryEmbedding(dim=attn.map_head_dim)(x, torch.arange(queries)[None])
     with torch.no_grad():
         fused = attn(x, (cos, sin))[0]
         calls = []

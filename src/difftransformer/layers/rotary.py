@@ -21,13 +21,18 @@ ROPE_STYLES: tuple[str, ...] = ("interleaved", "half")
 class RotaryEmbedding(nn.Module):
     """cos/sin tables for positions, with transformers' RoPE scaling (``rope_parameters``).
 
-    ``rope_type="default"`` computes the frequencies in float64 and the angles in float32 or wider on every call
-    (no buffer, so a model's dtype never rounds them). Other types (linear, dynamic, yarn, longrope, llama3, ...)
-    come from transformers' ``ROPE_INIT_FUNCTIONS`` and ``dynamic_rope_update``, kept in buffers as Llama keeps
-    them; their functions read ``self.config``, a config view whose ``head_dim`` is the rotated width ``dim``
-    (DIFF V1 rotates each d-wide half of its 2d-wide heads).
+    Built as transformers' rotary classes are, ``RotaryEmbedding(config=config)`` (the rotated width is the
+    config's ``map_head_dim``, else its ``head_dim``, else hidden_size / num_attention_heads), or from the fields
+    themselves, ``RotaryEmbedding(dim=d, rope_parameters=..., max_position_embeddings=...)``. As there,
+    ``inv_freq`` and ``original_inv_freq`` are non-persistent buffers and ``self.config`` is a config view whose
+    ``head_dim`` is the rotated width ``dim`` (DIFF V1 rotates each d-wide half of its 2d-wide heads), which
+    transformers' ``ROPE_INIT_FUNCTIONS`` and ``dynamic_rope_update`` read. The scaled types (linear, dynamic,
+    yarn, longrope, llama3, ...) compute from those buffers, as Llama does; ``rope_type="default"`` computes the
+    frequencies in float64 and the angles in float32 or wider on every call, so a model's dtype (which casts
+    buffers) never rounds them.
 
     Args:
+        config: a config with ``rope_parameters`` and ``max_position_embeddings``; or None and the fields below.
         dim: rotated width d (even).
         rope_parameters: transformers' RoPE dict (``rope_type``, ``rope_theta``, ``factor``, ...); None gives
             the default type with theta 10000.
@@ -35,21 +40,37 @@ class RotaryEmbedding(nn.Module):
     """
 
     def __init__(
-        self, dim: int, rope_parameters: dict | None = None, max_position_embeddings: int = 2048
+        self,
+        config: PreTrainedConfig | None = None,
+        *,
+        dim: int | None = None,
+        rope_parameters: dict | None = None,
+        max_position_embeddings: int = 2048,
     ) -> None:
         super().__init__()
+        if (config is None) == (dim is None):
+            raise ValueError(
+                "give RotaryEmbedding either config or dim (with rope_parameters, max_position_embeddings)"
+            )
+        if config is not None:
+            dim = (
+                getattr(config, "map_head_dim", None)
+                or getattr(config, "head_dim", None)
+                or config.hidden_size // config.num_attention_heads
+            )
+            rope_parameters, max_position_embeddings = config.rope_parameters, config.max_position_embeddings
         if dim % 2:
             raise ValueError(f"rotary dim must be even; got {dim}")
         parameters = {"rope_type": "default", "rope_theta": 10000.0, **(rope_parameters or {})}
         self.dim, self.rope_type, self.theta = dim, parameters["rope_type"], float(parameters["rope_theta"])
-        self.attention_scaling = 1.0
-        if self.rope_type == "default":
-            return
-        if self.rope_type not in ROPE_INIT_FUNCTIONS:
+        if self.rope_type != "default" and self.rope_type not in ROPE_INIT_FUNCTIONS:
             raise ValueError(
                 f"rope_parameters['rope_type'] must be 'default' or one of {sorted(ROPE_INIT_FUNCTIONS)}; "
                 f"got {self.rope_type!r}"
             )
+        if self.rope_type in ("llama3", "yarn", "longrope"):
+            # transformers' config standardisation: the pretraining length these types scale from
+            parameters.setdefault("original_max_position_embeddings", max_position_embeddings)
         self.config = PreTrainedConfig(
             head_dim=dim,
             hidden_size=dim,
@@ -58,9 +79,22 @@ class RotaryEmbedding(nn.Module):
             rope_parameters=dict(parameters),
         )
         self.max_seq_len_cached = self.original_max_seq_len = max_position_embeddings
-        inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[self.rope_type](self.config, None)
+        init = self.compute_default_rope_parameters
+        if self.rope_type != "default":
+            init = ROPE_INIT_FUNCTIONS[self.rope_type]
+        inv_freq, self.attention_scaling = init(self.config, None)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
+
+    @staticmethod
+    def compute_default_rope_parameters(
+        config: PreTrainedConfig, device: torch.device | None = None, seq_len: int | None = None
+    ) -> tuple[torch.Tensor, float]:
+        """The default type's ``inv_freq`` (float32, exponents computed in float64) and attention scaling 1, with
+        the signature of transformers' ``ROPE_INIT_FUNCTIONS`` (its weight init recomputes the buffers with it)."""
+        dim, theta = config.head_dim, float(config.rope_parameters["rope_theta"])
+        exponents = torch.arange(0, dim, 2, device=device, dtype=torch.float64) / dim
+        return (1.0 / theta**exponents).float(), 1.0
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """position_ids: (B, T) -> cos, sin: (B, T, d/2) in x's dtype (computed in float32 or wider); x gives

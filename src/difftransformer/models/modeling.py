@@ -256,9 +256,7 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
             DiffTransformerDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(
-            config.map_head_dim, config.rope_parameters, config.max_position_embeddings
-        )
+        self.rotary_emb = RotaryEmbedding(config=config)
         self.gradient_checkpointing = False
         self.post_init()
 
