@@ -133,8 +133,9 @@ def make_needle_sample(
             f"context_tokens={context_tokens}; use fewer needles or a longer context"
         )
 
+    # An id stream is sliced where it lies: copying it per sample made drawing many samples quadratic in its size.
     stream = (
-        list(haystack_texts)
+        haystack_texts
         if len(haystack_texts) and isinstance(haystack_texts[0], (int, np.integer))
         else encode(tokenizer, "\n".join(haystack_texts))
     )
@@ -143,7 +144,7 @@ def make_needle_sample(
             f"the haystack has {len(stream)} tokens; a {context_tokens}-token context needs {budget}"
         )
     start = int(rng.integers(0, len(stream) - budget + 1))
-    haystack = stream[start : start + budget]
+    haystack = np.asarray(stream[start : start + budget]).tolist()
 
     # Insertion points in the haystack: the answer needle at its depth, the others uniformly at random.
     points = [round(depth * budget)] + rng.integers(0, budget + 1, size=num_needles - 1).tolist()
@@ -162,7 +163,7 @@ def make_needle_sample(
     for ids in question_ids:
         # Each prompt keeps the shared context; shorter questions are left-filled with extra haystack so
         # every prompt has exactly context_tokens tokens and the needle spans stay put.
-        fill = stream[start + budget : start + budget + longest_question - len(ids)]
+        fill = np.asarray(stream[start + budget : start + budget + longest_question - len(ids)]).tolist()
         prompt_ids.append(context + fill + ids)
     if any(len(p) != context_tokens for p in prompt_ids):
         raise ValueError(f"the haystack is too short to fill {context_tokens} tokens for every question")

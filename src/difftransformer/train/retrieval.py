@@ -62,7 +62,8 @@ def needle_training_blocks(
     space no further episode fits in is filled with haystack. ``stream`` is tokenized haystack text (1-D ids)."""
     if count < 0:
         raise ValueError(f"count must be >= 0; got {count}")
-    ids = stream.tolist() if isinstance(stream, torch.Tensor) else list(stream)
+    # Kept as an array (a memory-mapped corpus stays on disk); each episode slices only the window it uses.
+    ids = stream.numpy() if isinstance(stream, torch.Tensor) else np.asarray(stream)
     sizer = _EpisodeSizer(tokenizer, number_digits)
     smallest = min(sizer.fixed_tokens([c]) for c in CITIES) + 1
     if block_size < 2 * smallest:
@@ -98,7 +99,7 @@ def needle_training_blocks(
                 row += answer
             row.append(tokenizer.eos_token_id)
         start = int(rng.integers(0, len(ids) - block_size))
-        rows.append((row + ids[start : start + block_size])[:block_size])
+        rows.append((row + ids[start : start + block_size].tolist())[:block_size])
     return torch.tensor(rows, dtype=torch.long).view(count, block_size)
 
 
