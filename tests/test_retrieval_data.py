@@ -53,7 +53,9 @@ def test_mqar_construction(case):
         rest[: 2 * spec.num_pairs] = False
         rest[labelled] = rest[labelled - 1] = False
         assert (ids[rest] == vocabulary.filler).all()
-    np.testing.assert_array_equal(batch.targets, np.take_along_axis(batch.labels, batch.query_positions + 1, 1))
+    np.testing.assert_array_equal(
+        batch.targets, np.take_along_axis(batch.labels, batch.query_positions + 1, 1)
+    )
 
 
 def test_mqar_is_deterministic_per_seed():

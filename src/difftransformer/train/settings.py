@@ -151,7 +151,8 @@ class DataOptions:
                   "$XDG_CACHE_HOME/difftransformer, else ~/.cache/difftransformer)"},
     )  # fmt: skip
     num_proc: int | None = field(
-        default=None, metadata={"help": "worker processes that tokenise uncached data (default: the CPU count)"}
+        default=None,
+        metadata={"help": "worker processes that tokenise uncached data (default: the CPU count)"},
     )
 
 
