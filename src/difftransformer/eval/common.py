@@ -4,6 +4,7 @@ results files are written with :mod:`difftransformer.storage`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 from collections.abc import Sequence
@@ -84,6 +85,15 @@ def check_context_length(model: nn.Module, length: int, what: str = "--context-l
             f"{what}: {length} tokens exceeds the model's max_position_embeddings = {limit}; "
             "choose a shorter length or a model trained (or extended) for longer contexts"
         )
+
+
+def fit_length(options: Any, model: nn.Module, given: frozenset[str]) -> Any:
+    """``options`` with its ``length`` capped at the model's context, unless the user gave ``length`` (then the
+    task's check refuses a length the model cannot take)."""
+    limit = max_context(model)
+    if "length" in given or limit is None:
+        return options
+    return dataclasses.replace(options, length=min(options.length, limit))
 
 
 def capped(lengths: Sequence[int], limit: int) -> list[int]:

@@ -13,7 +13,12 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from difftransformer.eval.common import check_context_length, max_context, model_device, token_stream
+from difftransformer.eval.common import (
+    check_context_length,
+    fit_length,
+    model_device,
+    token_stream,
+)
 from difftransformer.eval.options import at_least, option, with_settings
 from difftransformer.eval.task import Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.plotting import pyplot, save_figure
@@ -121,10 +126,7 @@ class LongctxTask(Task):
     def fit(
         self, options: LongctxOptions, model: nn.Module, tokenizer: Any, given: frozenset[str]
     ) -> LongctxOptions:
-        limit = max_context(model)
-        if "length" in given or limit is None:
-            return options
-        return dataclasses.replace(options, length=min(options.length, limit))
+        return fit_length(options, model, given)
 
     def light_options(self, light: LongctxOptions, suite: SuiteContext) -> LongctxOptions:
         return dataclasses.replace(

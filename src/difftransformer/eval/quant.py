@@ -22,7 +22,12 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from difftransformer.eval.common import check_context_length, max_context, mean_token_nll, token_stream
+from difftransformer.eval.common import (
+    check_context_length,
+    fit_length,
+    mean_token_nll,
+    token_stream,
+)
 from difftransformer.eval.logits import attention_logits, visible_keys
 from difftransformer.eval.needle import CHANCE, CHANCE_MARGIN, NeedleOptions, fit_needle_lengths, run_needle
 from difftransformer.eval.options import at_least, not_empty, option, with_settings
@@ -198,11 +203,7 @@ class QuantTask(Task):
     def fit(
         self, options: QuantOptions, model: nn.Module, tokenizer: Any, given: frozenset[str]
     ) -> QuantOptions:
-        options = fit_needle_lengths(options, model, tokenizer, given)
-        limit = max_context(model)
-        if "length" in given or limit is None:
-            return options
-        return dataclasses.replace(options, length=min(options.length, limit))
+        return fit_length(fit_needle_lengths(options, model, tokenizer, given), model, given)
 
     def light_options(self, light: QuantOptions, suite: SuiteContext) -> QuantOptions:
         return dataclasses.replace(
