@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-slow lint demo study study-upcycle bench clean
+.PHONY: test test-slow lint demo study study-retrieval study-upcycle bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,19 @@ demo: $(STAMP)
 # the Transformer, 2 seeds each (about an hour on 2 CPU cores).
 study: $(STAMP)
 	$(PY) -m difftransformer compare --preset study --variants "diff,diff(subln=none),diff_v2,softmax" --seeds 0,1 --output-dir runs/study
+
+# The retrieval study of docs/results/retrieval: 2-layer models trained on text with MQAR and induction rows mixed in,
+# DIFF as the paper specifies it, without its per-head norm, DIFF V2 and the Transformer, 3 seeds each (about an
+# hour on 2 CPU cores); the report is copied to RETRIEVAL_REPORT.
+RETRIEVAL_RUNS ?= runs/study-retrieval
+RETRIEVAL_REPORT ?= docs/results/retrieval
+RETRIEVAL_ARGS ?=
+study-retrieval: $(STAMP)
+	$(PY) -m difftransformer compare --preset retrieval --variants "diff,diff(subln=none),diff_v2,softmax" \
+		--seeds 0,1,2 --tasks mqar,quant,outliers,longctx,icl --output-dir $(RETRIEVAL_RUNS) $(RETRIEVAL_ARGS)
+	mkdir -p $(RETRIEVAL_REPORT)
+	cp $(RETRIEVAL_RUNS)/report.md $(RETRIEVAL_RUNS)/report.html $(RETRIEVAL_RUNS)/results.json \
+		$(RETRIEVAL_RUNS)/*.png $(RETRIEVAL_REPORT)/
 
 # Upcycling (docs/results/upcycle): the study's softmax Transformer pretrained (or reused from runs/upcycle-base),
 # then continued as it is and upcycled to DIFF V2 and DIFF V1, trained alike, 2 seeds each (about an hour on 2 CPU

@@ -146,6 +146,7 @@ def test_suite_runs_every_task_with_numbers_in_range(tmp_path):
     # 16-bit logits are nearly lossless; every loss is near log(vocabulary) for an untrained model.
     assert s["quant"]["16"]["loss"] == pytest.approx(s["quant"]["unquantised"]["loss"], abs=1e-3)
     assert all(4 < row["loss"] < 8 and 0 <= row["needle_accuracy"] <= 1 for row in s["quant"].values())
+    assert all(0 <= row["mqar_accuracy"] <= 1 for row in s["quant"].values())
     assert list(s["longctx"]["cumulative_nll"]) == ["1", "4", "16", "64", "255"]
     assert s["longctx"]["cumulative_nll"]["255"] == pytest.approx(s["longctx"]["mean_nll"])
     assert 4 < s["longctx"]["mean_nll"] < 8
@@ -154,7 +155,9 @@ def test_suite_runs_every_task_with_numbers_in_range(tmp_path):
     assert all(0 <= v <= 1 for v in [*s["icl"]["accuracy"].values(), *s["icl"]["spread"].values()])
     assert result["options"]["icl"]["test_size"] == 20
     assert all(v * 20 == pytest.approx(round(v * 20)) for v in s["icl"]["accuracy"].values())
-    assert list(s["mqar"]) == ["4", "8", "16", "32", "64"] and all(0 <= v <= 1 for v in s["mqar"].values())
+    accuracy = s["mqar"]["accuracy"]
+    assert list(accuracy) == ["4", "8", "16", "32", "64"] and all(0 <= v <= 1 for v in accuracy.values())
+    assert -1 <= s["mqar"]["answer_share"] <= 1 and -1 <= s["mqar"]["context_share"] <= 1
     # The test split holds about 2,000 tokens: longctx gets the 7 whole windows there are, not the 8 asked for.
     assert result["options"]["longctx"]["num_sequences"] == 7
 
@@ -223,7 +226,8 @@ def planted_suite(level: float) -> dict:
             "hidden_states": {"top1": 30 * level, "median": 1.5, "ratio": 20 * level},
         },
         "quant": {
-            k: {"loss": 3 + level, "needle_accuracy": level} for k in ("unquantised", "16", "8", "6", "4")
+            k: {"loss": 3 + level, "needle_accuracy": level, "mqar_accuracy": level / 2}
+            for k in ("unquantised", "16", "8", "6", "4")
         },
         "longctx": {
             "mean_nll": 4 + level,
@@ -234,7 +238,11 @@ def planted_suite(level: float) -> dict:
             "spread": {"random": level / 10, "grouped": 3 * level / 10},
             "chance": 0.2,
         },
-        "mqar": {"4": level, "8": level / 5},
+        "mqar": {
+            "accuracy": {"4": level, "8": level / 5},
+            "answer_share": level / 2,
+            "context_share": 1 - level,
+        },
     }
     options = {
         "needle": {"needle_digits": 3, "context_lengths": [256], "samples": 4, "depths": [0.0, 1.0]},
@@ -245,7 +253,7 @@ def planted_suite(level: float) -> dict:
             "depths": [0.5],
         },
         "outliers": {"tokens": 1024, "length": 256},
-        "quant": {"num_sequences": 4, "length": 256, "samples": 2, "bits": [16, 8, 6, 4]},
+        "quant": {"num_sequences": 4, "length": 256, "samples": 2, "bits": [16, 8, 6, 4], "mqar_pairs": 4},
         "longctx": {"num_sequences": 8, "length": 256},
         "icl": {"test_size": 16, "shots": [0, 2], "orderings": 3},
         "mqar": {"sequences": 16},
@@ -262,13 +270,14 @@ def test_report_tables_carry_each_tasks_numbers(tmp_path):
                       ["0.200", "0.200"]),
         "outliers": (["logits top-1", "logits median", "logits top-1/median", "hidden states top-1"],
                      ["3.00 ± 1.41", "0.500 ± 0.000", "6.0 ± 2.8", "9.00 ± 4.24"], ["8.00", "0.500", "16.0", "24.00"]),
-        "quant": (["loss full", "loss 4-bit", "needle 4-bit"], ["3.300 ± 0.141", "3.300 ± 0.141", "0.30 ± 0.14"],
-                  ["3.800", "3.800", "0.80"]),
+        "quant": (["loss full", "loss 4-bit", "needle 4-bit", "mqar 6-bit"],
+                  ["3.300 ± 0.141", "3.300 ± 0.141", "0.30 ± 0.14", "0.15 ± 0.07"], ["3.800", "3.800", "0.80", "0.40"]),
         "longctx": (["mean NLL", "cumulative NLL to 1", "cumulative NLL to 4"],
                     ["4.300 ± 0.141", "6.300 ± 0.141", "5.300 ± 0.141"], ["4.800", "6.800", "5.800"]),
         "icl": (["0-shot", "2-shot", "order spread (random)", "order spread (grouped)"],
                 ["0.15 ± 0.07", "0.30 ± 0.14", "0.03 ± 0.01", "0.09 ± 0.04"], ["0.40", "0.80", "0.08", "0.24"]),
-        "mqar": (["4 pairs", "8 pairs"], ["0.30 ± 0.14", "0.06 ± 0.03"], ["0.80", "0.16"]),
+        "mqar": (["4 pairs", "8 pairs", "attention on the pair", "attention on the rest"],
+                 ["0.30 ± 0.14", "0.06 ± 0.03", "0.150 ± 0.071", "0.700 ± 0.141"], ["0.80", "0.16", "0.400", "0.200"]),
     }  # fmt: skip
     for task, (columns, diff_cells, base_cells) in expected.items():
         header, rows = task_table(task, groups)

@@ -529,25 +529,46 @@ class RecallOracle(nn.Module):
         return SimpleNamespace(logits=logits)
 
 
-def test_mqar_batch_layout():
-    keys, values = mqar.usable_ids(1000, 100)
-    ids, positions, targets = mqar.make_mqar_batch(np.random.default_rng(0), batch=3, num_pairs=8, num_queries=5,
-                                                   key_ids=keys, value_ids=values)  # fmt: skip
-    assert ids.shape == (3, 26) and positions.tolist() == [16, 18, 20, 22, 24]
-    assert torch.equal(ids[:, positions + 1], targets)
-    assert set(keys.tolist()).isdisjoint(values.tolist()) and ids.min() >= 100
-
-
 def test_mqar_oracle_and_wrong(tmp_path):
     right = mqar.run_mqar(
-        RecallOracle(500), num_pairs=[2, 8], sequences=5, batch_size=2, output_dir=tmp_path, progress=False
+        RecallOracle(500),
+        num_pairs=[2, 8],
+        sequences=5,
+        batch_size=2,
+        output_dir=tmp_path,
+        progress=False,
+        allocation=0,
     )
     assert [r["accuracy"] for r in right["rows"]] == [1.0, 1.0]
-    wrong = mqar.run_mqar(RecallOracle(500, wrong=True), num_pairs=[8], sequences=5, progress=False)
+    wrong = mqar.run_mqar(
+        RecallOracle(500, wrong=True), num_pairs=[8], sequences=5, progress=False, allocation=0
+    )
     assert wrong["rows"][0]["accuracy"] == 0.0
     assert (tmp_path / "mqar.png").exists()
     with pytest.raises(ValueError, match="num-pairs"):
         mqar.run_mqar(RecallOracle(500), num_pairs=[4000], progress=False)
+
+
+def test_mqar_allocation_reads_the_queried_pair(monkeypatch):
+    """Planted maps: every query attends half to its pair's key and value and half to the first token of the
+    block (another pair's key, unless the query asks the first pair)."""
+    from difftransformer.data.mqar import MqarSettings, make_mqar_batch, mqar_vocabulary
+
+    batch = make_mqar_batch(np.random.default_rng(0), 3, MqarSettings(4, None, 32), mqar_vocabulary(300))
+
+    def planted(model, input_ids):
+        maps = torch.zeros(3, 2, 32, 32)
+        for row, (queries, pairs) in enumerate(zip(batch.query_positions, batch.pair_positions)):
+            for query, pair in zip(queries.tolist(), pairs.tolist()):
+                maps[row, :, query, pair : pair + 2] += 0.25
+                maps[row, :, query, 0] += 0.5
+        return [maps, maps]
+
+    monkeypatch.setattr(mqar, "attention_maps", planted)
+    shares = mqar.mqar_allocation(nn.Linear(1, 1), batch)
+    asks_first = (batch.pair_positions == 0).mean()
+    assert shares["answer"] == pytest.approx(0.5 + 0.5 * asks_first)
+    assert shares["context"] == pytest.approx(0.5 * (1 - asks_first))
 
 
 # --- results files ------------------------------------------------------------------------------

@@ -13,7 +13,11 @@ from typing import TYPE_CHECKING
 
 from difftransformer.compare.scaling import fit_power_law, matching_ratio
 from difftransformer.compare.verdict import AT_CHANCE, Verdict, judge
+from difftransformer.eval.mqar import PAPER_RETRIEVAL
 from difftransformer.eval.registry import TASKS, get_task
+from difftransformer.train.callbacks import column, read_metrics
+from difftransformer.train.recall import RECALL_THRESHOLD, steps_to_recall
+from difftransformer.train.runner import METRICS_CSV
 
 if TYPE_CHECKING:
     from difftransformer.compare.runs import RunRecord
@@ -56,6 +60,30 @@ class Judgement:
 LOSS_CLAIM = Claim(
     "language-modelling loss at equal parameters and tokens (test loss)", PAPER_LOSS, False, 3,
     lambda record: record.test_loss,
+)  # fmt: skip
+
+
+def _recall_curve(record: RunRecord) -> tuple[list[int], list[float]]:
+    """(steps, accuracies) of the run's MQAR probe; empty for a run trained without recall rows."""
+    path = record.folder / METRICS_CSV
+    return column(read_metrics(path), "eval_mqar_accuracy") if path.is_file() else ([], [])
+
+
+def recall_steps(record: RunRecord) -> float | None:
+    """Training steps until the run's MQAR probe first reached ``RECALL_THRESHOLD``; a run that never did counts
+    as its full length (the claim's name says so); None for a run trained without recall rows."""
+    steps, accuracies = _recall_curve(record)
+    if not steps:
+        return None
+    reached = steps_to_recall(steps, accuracies)
+    return float(reached if reached is not None else steps[-1])
+
+
+RECALL_STEPS_CLAIM = Claim(
+    f"training steps until MQAR accuracy {RECALL_THRESHOLD} (4 pairs at the block length; never reached: the "
+    "run's length)", PAPER_RETRIEVAL, False, 0, recall_steps,
+    at_chance=lambda record: steps_to_recall(*_recall_curve(record)) is None,
+    chance=f"no run reached {RECALL_THRESHOLD}",
 )  # fmt: skip
 
 

@@ -12,6 +12,7 @@ from difftransformer.compare.claims import (
     LOSS_CLAIM,
     PAPER_PARAMETERS,
     PAPER_TOKENS,
+    RECALL_STEPS_CLAIM,
     Claim,
     Judgement,
     judge_claim,
@@ -82,7 +83,7 @@ def claims_section(
     for variant in others:
         header += [f"ours: {variant.label} vs {baseline.label}", "verdict"]
     rows = []
-    claims: list[Claim] = [LOSS_CLAIM, *task_claims(at_scale)]
+    claims: list[Claim] = [LOSS_CLAIM, RECALL_STEPS_CLAIM, *task_claims(at_scale)]
     for claim in claims:
         judgements = [judge_claim(claim, _runs(at_scale, variant.spec()), reference) for variant in others]
         # What chance is, said once in the row, where a verdict cell says "not measurable here".
@@ -130,7 +131,7 @@ def verdict_sentences(records: Sequence[RunRecord], variants: Sequence[Variant],
     at_scale = [r for r in records if r.scale == scale]
     reference = _runs(at_scale, baseline.spec())
     sentences = []
-    for claim in [LOSS_CLAIM, *task_claims(at_scale, with_paper_only=False)]:
+    for claim in [LOSS_CLAIM, RECALL_STEPS_CLAIM, *task_claims(at_scale, with_paper_only=False)]:
         for variant in variants:
             if variant.is_baseline:
                 continue
@@ -151,16 +152,22 @@ def _curve(record: RunRecord, name: str) -> tuple[list[int], list[float]]:
 
 
 def plot_curves(records: Sequence[RunRecord], path: Path) -> None:
-    """Training loss (thin) and validation loss (markers) against tokens, every run overlaid."""
+    """Training loss (thin) and validation loss (markers) against tokens, every run overlaid; with a third panel
+    of the MQAR probe's accuracy where runs trained with recall rows."""
     plt = pyplot()
-    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    recall = any(_curve(record, "eval_mqar_accuracy")[0] for record in records)
+    panels = [("loss", "training loss", "loss"), ("eval_loss", "validation loss", "loss")]
+    if recall:
+        panels.append(("eval_mqar_accuracy", "MQAR accuracy while training (4 pairs)", "accuracy"))
+    figure, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5))
     colors = {spec: f"C{i}" for i, spec in enumerate(dict.fromkeys(r.variant for r in records))}
     for record in records:
         name = f"{label(record.variant)} {record.scale} s{record.seed}"
-        axes[0].plot(*_curve(record, "loss"), color=colors[record.variant], alpha=0.7, lw=1, label=name)
-        axes[1].plot(*_curve(record, "eval_loss"), "o-", color=colors[record.variant], alpha=0.8, label=name)
-    for axis, title in zip(axes, ("training loss", "validation loss")):
-        axis.set(xlabel="training tokens", ylabel="loss", title=title)
+        for axis, (metric, _, _) in zip(axes, panels):
+            style = dict(lw=1, alpha=0.7) if metric == "loss" else dict(marker="o", ms=3, alpha=0.8)
+            axis.plot(*_curve(record, metric), color=colors[record.variant], label=name, **style)
+    for axis, (_, title, unit) in zip(axes, panels):
+        axis.set(xlabel="training tokens", ylabel=unit, title=title)
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7)
     save_figure(figure, path)
@@ -348,7 +355,15 @@ def build_report(
     report.heading("Setup")
     report.paragraph(
         f"Corpus: {data.corpus_name}; {data.train_blocks.shape[0]} training blocks of {preset.block_size} tokens, "
-        f"{data.needle_blocks} of them multi-needle retrieval examples; tokenizer vocabulary {len(data.tokenizer)}. "
+        f"{data.needle_blocks} of them multi-needle retrieval examples"
+        + (
+            f"; {data.recall.mqar_fraction:.0%} of the rows served were MQAR rows ({data.recall.mqar_pairs[0]}-"
+            f"{data.recall.mqar_pairs[1]} key-value pairs) and {data.recall.induction_fraction:.0%} induction rows "
+            "(a random segment repeated), drawn in place of text blocks with loss on their answers only"
+            if data.recall.active
+            else ""
+        )
+        + f"; tokenizer vocabulary {len(data.tokenizer)}. "
         f"Every variant saw the same blocks in the same order, with the same seeds and optimizer recipe "
         f"(AdamW betas ({recipe['adam_beta1']}, {recipe['adam_beta2']}), weight decay {recipe['weight_decay']}, lr "
         f"{recipe['learning_rate']}, {recipe['warmup_steps']} warm-up steps then {recipe['lr_scheduler_type']}, "
@@ -382,7 +397,7 @@ def build_report(
     )
     report.paragraph(" ".join(verdict_sentences(records, variants, largest)))
     plot_curves(records, out / "loss_curves.png")
-    report.image("loss_curves.png", "training and validation loss, all runs overlaid")
+    report.image("loss_curves.png", "training and validation loss (and MQAR accuracy), all runs overlaid")
     gap_section(report, records, variants, largest, out)
     groups = [
         (

@@ -76,7 +76,7 @@ def train_and_evaluate(
             initial_model(args.init_from, variant.kind, seed=seed)
             if args.init_from
             else variant.config(preset.model_for(variant.kind, tokenizer)),
-            data.train_blocks,
+            data.train_dataset(),
             data.validation_blocks[: preset.eval_blocks],
             tokenizer,
             run_settings,

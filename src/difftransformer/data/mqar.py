@@ -2,9 +2,12 @@
 ``mqar`` evaluation scores, drawn by one generator.
 
 A sequence opens with ``num_pairs`` key-value pairs ``k1 v1 k2 v2 ...``; after them, filler tokens with
-``num_queries`` of the keys asked again, each followed by its value, at random places in random order. The model
-must predict each queried key's value at the position right after the key; only those value positions carry
-labels (-100 elsewhere, the transformers convention: labels are aligned with the inputs and the model shifts them).
+``num_queries`` of the keys asked again at random places in random order. The model must predict each queried
+key's value at the position right after the key; only those positions carry labels (-100 elsewhere, the
+transformers convention: labels are aligned with the inputs and the model shifts them). The input at an answer
+position is filler, not the value, as in Zoology: were the answers shown, a model could score by elimination
+(a value not yet answered, 0.52 with 4 dense queries) without ever binding keys to values, and small models
+settle there instead of learning recall.
 
 Keys come from one range of ids and values from another, disjoint one (:func:`mqar_vocabulary`), keys are unique
 within a sequence, so only recall from the context can answer. Ids are raw vocabulary ids: the task needs no
@@ -124,8 +127,8 @@ def make_mqar_batch(
 ) -> MqarBatch:
     """Draw ``count`` sequences of ``settings`` from ``vocabulary``.
 
-    Queries sit at random even offsets after the key-value block (each query a key and its value), uniformly
-    spread over the filler, so a longer ``length`` puts them further from the pairs they ask about.
+    Queries sit at random even offsets after the key-value block (each query a key and a filler token whose label
+    is the key's value), uniformly spread over the filler, so a longer ``length`` puts them further from the pairs they ask about.
     """
     settings.check(vocabulary)
     if count < 1:
@@ -144,7 +147,6 @@ def make_mqar_batch(
         asked = rng.choice(pairs, size=queries, replace=False)
         where = 2 * pairs + 2 * np.sort(rng.choice(slots, size=queries, replace=False))
         inputs[row, where] = keys[asked]
-        inputs[row, where + 1] = values[asked]
         labels[row, where + 1] = values[asked]
         query_positions[row] = where
         pair_positions[row] = 2 * asked

@@ -41,6 +41,9 @@ from difftransformer.plotting import pyplot, save_figure
 from difftransformer.stats import mean
 from difftransformer.storage import write_json
 
+PAPER_ANSWER_SHARE = "DIFF 0.27-0.40 vs Transformer 0.03-0.09 by depth (3B models, multi-needle retrieval)"
+PAPER_CONTEXT_SHARE = "DIFF 0.01-0.02 vs Transformer 0.49-0.54 by depth (3B models, multi-needle retrieval)"
+
 
 @torch.no_grad()
 def attention_maps(model: nn.Module, input_ids: torch.Tensor) -> list[torch.Tensor]:
@@ -240,21 +243,10 @@ class AttentionTask(Task):
 
     def measures(self, summary: dict) -> list[Measure]:
         return [
-            Measure(
-                "attention on the answer needle",
-                lambda s: s["answer"],
-                True,
-                3,
-                paper="DIFF 0.27-0.40 vs Transformer 0.03-0.09 by depth (3B models, multi-needle retrieval)",
-            ),
-            Measure(
-                "attention on the rest of the context (noise)",
-                lambda s: s["context"],
-                False,
-                3,
-                paper="DIFF 0.01-0.02 vs Transformer 0.49-0.54 by depth (3B models, multi-needle retrieval)",
-            ),
-        ]
+            Measure("attention on the answer needle", lambda s: s["answer"], True, 3, paper=PAPER_ANSWER_SHARE),
+            Measure("attention on the rest of the context (noise)", lambda s: s["context"], False, 3,
+                    paper=PAPER_CONTEXT_SHARE),
+        ]  # fmt: skip
 
 
 TASK = AttentionTask()

@@ -29,7 +29,16 @@ from difftransformer.eval.common import (
     token_stream,
 )
 from difftransformer.eval.logits import attention_logits, visible_keys
-from difftransformer.eval.needle import CHANCE, CHANCE_MARGIN, NeedleOptions, fit_needle_lengths, run_needle
+from difftransformer.eval.mqar import CHANCE_MARGIN as MQAR_CHANCE_MARGIN
+from difftransformer.eval.mqar import MqarOptions, run_mqar
+from difftransformer.eval.needle import (
+    CHANCE,
+    CHANCE_MARGIN,
+    NeedleOptions,
+    fit_needle_lengths,
+    needle_tokens,
+    run_needle,
+)
 from difftransformer.eval.options import at_least, not_empty, option, with_settings
 from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.plotting import pyplot, save_figure
@@ -92,9 +101,11 @@ class QuantOptions(NeedleOptions):
                                                            "or per query row")  # fmt: skip
     needle: bool = option(True, "measure needle accuracy at each width (--no-needle skips it)")
     samples: int = option(5, "needle samples per (N:R, length, depth) cell")
+    mqar_pairs: int = option(0, "key-value pairs of an MQAR check at each width, 64 sequences (0 skips it)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        at_least(self, 0, "mqar_pairs")
         not_empty(self, "bits")
         at_least(self, 1, "length", "num_sequences")
         at_least(self, 2, "bits")
@@ -138,6 +149,8 @@ def run_quant(
         )
     sequences = torch.tensor(list(token_ids[:need]), dtype=torch.long).view(num_sequences, length)
     check_needle = haystack_texts is not None and options.needle
+    # Every width scores the same sequences (same seed).
+    mqar_check = MqarOptions(num_pairs=[options.mqar_pairs or 1], seed=options.seed, allocation=0)
     rows = []
     for width in tqdm([None, *bits], desc="quant", unit="width", disable=not progress):
         with attention_logits(model, QuantizeLogits(width, granularity)):
@@ -148,6 +161,9 @@ def run_quant(
                 )
                 row["needle_accuracy"] = float(np.mean(list(needle["by_config"].values())))
                 row["needle_by_config"] = needle["by_config"]
+            if options.mqar_pairs:
+                recall = run_mqar(model, tokenizer, mqar_check, progress=False)
+                row["mqar_accuracy"] = recall["rows"][0]["accuracy"]
         rows.append(row)
     results = dict(
         task="quant", granularity=granularity, length=length, num_sequences=num_sequences, rows=rows
@@ -159,18 +175,18 @@ def run_quant(
 
 
 def plot_quant(rows: list[dict], path) -> None:
-    """Loss (and needle accuracy) against logit bit width; the unquantised model as a dashed line."""
+    """Loss (and needle and MQAR accuracy) against logit bit width; the unquantised model as a dashed line."""
     plt = pyplot()
     quantised = [r for r in rows if r["bits"] is not None]
     reference = next((r for r in rows if r["bits"] is None), None)
-    panels = ["loss"] + (["needle_accuracy"] if "needle_accuracy" in rows[0] else [])
+    panels = ["loss"] + [key for key in ("needle_accuracy", "mqar_accuracy") if key in rows[0]]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.5), squeeze=False)
     for ax, key in zip(axes[0], panels):
         ax.plot([r["bits"] for r in quantised], [r[key] for r in quantised], marker="o")
         if reference is not None:
             ax.axhline(reference[key], ls="--", color="gray", label="unquantised")
             ax.legend()
-        if key == "needle_accuracy":
+        if key != "loss":
             ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel("attention-logit bits")
         ax.set_ylabel(key.replace("_", " "))
@@ -206,10 +222,18 @@ class QuantTask(Task):
         return fit_length(fit_needle_lengths(options, model, tokenizer, given), model, given)
 
     def light_options(self, light: QuantOptions, suite: SuiteContext) -> QuantOptions:
+        # The needle check where the suite's needles fit the context; the MQAR check (4 pairs) always.
+        fits = all(
+            needle_tokens(
+                suite.tokenizer, n, r, light.needle_template, light.question_template, suite.needle_digits
+            )
+            <= suite.context_length
+            for n, r in suite.needles
+        )
         return dataclasses.replace(
             light, length=suite.context_length, num_sequences=suite.windows(light.num_sequences),
             context_lengths=[suite.context_length], needles=[f"{n}:{r}" for n, r in suite.needles],
-            needle_digits=suite.needle_digits, seed=suite.seed,
+            needle_digits=suite.needle_digits, seed=suite.seed, needle=fits, mqar_pairs=4,
         )  # fmt: skip
 
     def run(self, model, tokenizer, texts, options: QuantOptions, output_dir: Path, progress: bool) -> dict:
@@ -220,42 +244,71 @@ class QuantTask(Task):
     def summarise(self, results: dict) -> dict:
         return {
             "unquantised" if row["bits"] is None else str(row["bits"]): dict(
-                loss=row["loss"], needle_accuracy=row.get("needle_accuracy")
+                loss=row["loss"],
+                needle_accuracy=row.get("needle_accuracy"),
+                mqar_accuracy=row.get("mqar_accuracy"),
             )
             for row in results["rows"]
         }
 
+    @staticmethod
+    def _checks(summary: dict) -> list[tuple[str, str]]:
+        """(summary key, column word) of the accuracy checks these results hold."""
+        first = next(iter(summary.values()))
+        return [(key, word) for key, word in (("needle_accuracy", "needle"), ("mqar_accuracy", "mqar"))
+                if first.get(key) is not None]  # fmt: skip
+
     def columns(self, summary: dict) -> list[Column]:
-        return [Column(f"loss {_width(k)}", row["loss"], 3) for k, row in summary.items()] + [
-            Column(f"needle {_width(k)}", row["needle_accuracy"], 2) for k, row in summary.items()
-        ]
+        columns = [Column(f"loss {_width(k)}", row["loss"], 3) for k, row in summary.items()]
+        for key, word in self._checks(summary):
+            columns += [Column(f"{word} {_width(k)}", row[key], 2) for k, row in summary.items()]
+        return columns
 
     def describe(self, options: dict) -> str:
+        checks = []
+        if options.get("needle", True):
+            checks.append(
+                f"needle accuracy (N:R as for needle, answer at depth 0.5, {options['samples']} per N:R)"
+            )
+        if options.get("mqar_pairs"):
+            checks.append(f"MQAR accuracy ({options['mqar_pairs']} pairs, 64 sequences)")
         return (
-            f"Held-out loss ({options['num_sequences']} windows of {options['length']} tokens) and needle accuracy "
-            f"(N:R as for needle, answer at depth 0.5, {options['samples']} per N:R) with the "
-            f"attention logits fake-quantised by dynamic absmax per head at {options['bits']} bits; 'full' is the "
-            "unquantised model through the same path. Lower loss and higher accuracy are better."
+            f"Held-out loss ({options['num_sequences']} windows of {options['length']} tokens)"
+            + "".join(f" and {check}" for check in checks)
+            + f" with the attention logits fake-quantised by dynamic absmax per head at {options['bits']} bits; "
+            "'full' is the unquantised model through the same path. Lower loss and higher accuracy are better."
         )
 
     def chart(self, summary: dict) -> Chart:
         widths = [_width(k) for k in summary]
-        panels = [
-            Panel("held-out loss", [f"loss {w}" for w in widths]),
-            Panel("needle accuracy", [f"needle {w}" for w in widths], UNIT),
-        ]
+        panels = [Panel("held-out loss", [f"loss {w}" for w in widths])]
+        for _, word in self._checks(summary):
+            panels.append(Panel(f"{word} accuracy", [f"{word} {w}" for w in widths], UNIT))
         return Chart("lines", "dynamic absmax quantisation of attention logits", panels,
                      xlabel="attention-logit precision", xticks=widths)  # fmt: skip
 
     def measures(self, summary: dict) -> list[Measure]:
-        bits = str(min(int(k) for k in summary if k != "unquantised"))
-        return [
-            Measure(f"loss with {bits}-bit attention logits", lambda s: s[bits]["loss"], False, 3,
-                    paper=PAPER_LOW_BIT),
-            Measure(f"needle accuracy with {bits}-bit attention logits", lambda s: s[bits]["needle_accuracy"],
-                    True, 2, paper=PAPER_LOW_BIT, at_chance=lambda s: s[bits]["needle_accuracy"] <= CHANCE_MARGIN,
-                    chance=CHANCE),
-        ]  # fmt: skip
+        widths = sorted(int(k) for k in summary if k != "unquantised")
+        measures = [Measure(f"loss with {widths[0]}-bit attention logits", lambda s: s[str(widths[0])]["loss"],
+                            False, 3, paper=PAPER_LOW_BIT)]  # fmt: skip
+        checks = dict(self._checks(summary))
+        if "needle_accuracy" in checks:
+            bits = str(widths[0])
+            measures.append(
+                Measure(f"needle accuracy with {bits}-bit attention logits", lambda s: s[bits]["needle_accuracy"],
+                        True, 2, paper=PAPER_LOW_BIT,
+                        at_chance=lambda s: s[bits]["needle_accuracy"] <= CHANCE_MARGIN, chance=CHANCE)
+            )  # fmt: skip
+        if "mqar_accuracy" in checks:
+            # The paper's two widths: where DIFF holds (6) and where both drop (4).
+            for bits in [str(b) for b in widths if b in (4, 6)] or [str(widths[0])]:
+                measures.append(
+                    Measure(f"MQAR accuracy with {bits}-bit attention logits (4 pairs)",
+                            lambda s, b=bits: s[b]["mqar_accuracy"], True, 2, paper=PAPER_LOW_BIT,
+                            at_chance=lambda s, b=bits: s[b]["mqar_accuracy"] <= MQAR_CHANCE_MARGIN,
+                            chance="accuracy about 0: a value is not guessed")
+                )  # fmt: skip
+        return measures
 
 
 TASK = QuantTask()

@@ -23,7 +23,10 @@ CSV_FIELDS = (
     "grad_norm",
     "tokens_per_second",
     "wall_seconds",
+    "eval_mqar_accuracy",
 )
+# Files written before runs logged MQAR accuracy lack the last column; they are read alike.
+_EARLIER_FIELDS = CSV_FIELDS[:-1]
 
 
 class ProgressBar(TrainerCallback):
@@ -87,7 +90,8 @@ class CsvMetrics(TrainerCallback):
     def _truncate_after(self, step: int) -> None:
         rows = read_metrics(self.path) if self.path.exists() else []
         kept = [row for row in rows if int(row["step"]) <= step]
-        if len(kept) != len(rows) or not self.path.exists():
+        current = self.path.exists() and self.path.open().readline().strip() == ",".join(CSV_FIELDS)
+        if len(kept) != len(rows) or not current:
             self._rewrite(kept)
 
     def _rewrite(self, rows: list[dict[str, str]]) -> None:
@@ -117,7 +121,7 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, str]]:
     """The rows of a metrics CSV written by :class:`CsvMetrics`; ValueError if its header is not ours."""
     with open(path, newline="") as handle:
         reader = csv.DictReader(handle)
-        if tuple(reader.fieldnames or ()) != CSV_FIELDS:
+        if tuple(reader.fieldnames or ()) not in (CSV_FIELDS, _EARLIER_FIELDS):
             raise ValueError(
                 f"{path} is not a metrics file: header {reader.fieldnames}, expected {CSV_FIELDS}"
             )

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from difftransformer.models import ATTENTION_KINDS, DiffTransformerConfig
+from difftransformer.train.mixture import RecallMix
 from difftransformer.train.settings import TrainingSettings
 
 # The optimizer and schedule every preset starts from (AdamW, the paper's betas for the small runs, cosine decay).
@@ -44,7 +45,9 @@ class Preset:
     (None: the block size). Data: ``block_size`` (training sequence length), ``vocab_size`` (of the tokenizer
     trained on the data), ``eval_blocks`` (validation blocks of the periodic evaluation, None: all),
     ``needle_fraction`` (share of training blocks replaced by multi-needle retrieval examples; 0 disables them)
-    whose magic numbers have ``needle_digits`` digits (also in the retrieval evaluation). ``training``: the
+    whose magic numbers have ``needle_digits`` digits (also in the retrieval evaluation), ``mqar_fraction`` and
+    ``induction_fraction`` (shares of training rows replaced by MQAR rows of ``mqar_pairs`` (lowest, highest)
+    key-value pairs and by induction rows, :class:`~difftransformer.train.mixture.RecallMix`). ``training``: the
     :class:`TrainingSettings` fields this preset sets (all of :data:`RECIPE`, some changed).
     """
 
@@ -58,9 +61,17 @@ class Preset:
     eval_blocks: int | None = None
     needle_fraction: float = 0.0
     needle_digits: int = 6
+    mqar_fraction: float = 0.0
+    induction_fraction: float = 0.0
+    mqar_pairs: tuple[int, int] = (2, 8)
     max_position_embeddings: int | None = None
     description: str = ""
     training: Mapping[str, Any] = field(default_factory=lambda: dict(RECIPE))
+
+    @property
+    def recall(self) -> RecallMix:
+        """The recall rows drawn into this preset's training."""
+        return RecallMix(self.mqar_fraction, self.induction_fraction, self.mqar_pairs)
 
     def model_config(self, attention: str = "diff", **fields) -> DiffTransformerConfig:
         """The model for ``attention`` ("diff", "softmax" = the matched baseline, "diff_v2"); ``fields`` (e.g.
@@ -147,6 +158,12 @@ PRESETS: dict[str, Preset] = {
                "with 4 variants and 2 seeds in under an hour on 2 cores (docs/results/study)",
                training=_recipe(max_steps=800, per_device_train_batch_size=8, learning_rate=2e-3, warmup_steps=30,
                                 logging_steps=10, eval_steps=100, save_steps=400)),
+        Preset("retrieval", 64, 2, 2, None, 64, vocab_size=320, eval_blocks=16, mqar_fraction=0.4,
+               induction_fraction=0.4, mqar_pairs=(2, 8), max_position_embeddings=128,
+               description="the retrieval study (make study-retrieval): 2-layer models learning in-context recall "
+               "from MQAR and induction rows beside text, minutes a run on 2 cores (docs/results/retrieval)",
+               training=_recipe(max_steps=4000, per_device_train_batch_size=64, learning_rate=3e-3, warmup_steps=100,
+                                logging_steps=20, eval_steps=100, save_steps=500)),
         Preset("small", 384, 6, 3, None, 512, vocab_size=8192, eval_blocks=128, needle_fraction=0.15,
                description="one GPU for under an hour, or a long CPU run",
                training=_recipe(max_steps=3000, per_device_train_batch_size=16, learning_rate=1e-3,

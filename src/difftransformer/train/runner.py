@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase, Trainer, TrainerCallback, default_data_collator, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -26,6 +25,8 @@ from difftransformer.train.callbacks import CsvMetrics, ProgressBar
 from difftransformer.train.checkpoints import CompletionMarker, checkpoints, last_good_checkpoint
 from difftransformer.train.fsdp import check_fsdp_state_dict, enable_fsdp_on_cpu
 from difftransformer.train.lock import RunLock
+from difftransformer.train.mixture import Blocks, MixedBlocks
+from difftransformer.train.recall import RecallProbe
 from difftransformer.train.settings import TrainingSettings, tokens_per_step
 
 METRICS_CSV = "metrics.csv"
@@ -33,16 +34,18 @@ SUMMARY_JSON = "train_summary.json"
 
 
 class LanguageModelTrainer(Trainer):
-    """Trainer that logs validation perplexity beside validation loss, and saves configs fit for inference.
+    """Trainer that logs validation perplexity beside validation loss (and, with a ``recall_probe``, MQAR accuracy
+    as ``eval_mqar_accuracy``), and saves configs fit for inference.
 
     Trainer sets ``config.use_cache`` to ``TrainingArguments.use_cache`` (False: no KV cache while training); every
     checkpoint and the final model are saved with the model's own value instead, so that generation from a saved
     folder uses the cache.
     """
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, recall_probe: RecallProbe | None = None, **kwargs) -> None:
         model = kwargs.get("model", args[0] if args else None)
         self._inference_use_cache = model.config.use_cache
+        self.recall_probe = recall_probe
         super().__init__(*args, **kwargs)
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
@@ -61,6 +64,11 @@ class LanguageModelTrainer(Trainer):
         """Trainer's log, with ``eval_perplexity`` beside every ``eval_loss``."""
         if "eval_loss" in logs:
             logs["eval_perplexity"] = math.exp(min(logs["eval_loss"], 700.0))
+            if self.recall_probe is not None:
+                training = self.model.training
+                self.model.eval()
+                logs["eval_mqar_accuracy"] = self.recall_probe.accuracy(self.model)
+                self.model.train(training)
         super().log(logs, start_time)
 
 
@@ -82,25 +90,6 @@ class TrainResult:
 # whole (each row read can map a megabyte of the file into the process: fault-around, large folios), and Blocks
 # checks every row it serves.
 _CHECKED_ROWS = 8
-
-
-class Blocks(Dataset):
-    """Packed (n, T) token ids as causal-LM examples; labels are the inputs (the model shifts them). ``blocks`` may
-    view a memory-mapped file: only the rows asked for are read. With ``vocab_size``, every row served is checked
-    to hold ids in ``[0, vocab_size)``."""
-
-    def __init__(self, blocks: torch.Tensor, vocab_size: int | None = None) -> None:
-        self.blocks = blocks
-        self.vocab_size = vocab_size
-
-    def __len__(self) -> int:
-        return self.blocks.shape[0]
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        row = self.blocks[index]
-        if self.vocab_size is not None and (int(row.max()) >= self.vocab_size or int(row.min()) < 0):
-            raise ValueError(f"block {index} holds ids outside [0, vocab_size={self.vocab_size})")
-        return {"input_ids": row, "labels": row}
 
 
 def _check_blocks(
@@ -133,7 +122,7 @@ def is_main_process() -> bool:
 
 def train_model(
     model: DiffTransformerConfig | DiffTransformerForCausalLM,
-    train_blocks: torch.Tensor,
+    train_blocks: torch.Tensor | Blocks,
     eval_blocks: torch.Tensor,
     tokenizer: PreTrainedTokenizerBase,
     args: TrainingSettings,
@@ -147,7 +136,8 @@ def train_model(
     under ``args``, save the final model and tokenizer into ``args.output_dir``, and return a summary.
 
     ``train_blocks`` (n_train, T) and ``eval_blocks`` (n_eval, T) are int64 token ids, every block a full
-    training sequence; ``callbacks`` are added to Trainer's; ``progress_desc`` labels the progress bar.
+    training sequence; ``train_blocks`` may instead be a :class:`Blocks` dataset, e.g. :class:`MixedBlocks` with
+    recall rows (whose MQAR accuracy is then logged at every evaluation); ``callbacks`` are added to Trainer's; ``progress_desc`` labels the progress bar.
     """
     check_fsdp_state_dict(args)
     output_dir = Path(args.output_dir)
@@ -167,14 +157,22 @@ def train_model(
             model = DiffTransformerForCausalLM(model)
         if config.attention == "diff" and args.device.type == "cpu":
             fused_cpu_available()  # compile the CPU kernel now (first use only), not inside the timed steps
-        step_tokens = tokens_per_step(_check_blocks(train_blocks, eval_blocks, config), args)
+        train_dataset = (
+            train_blocks if isinstance(train_blocks, Blocks) else Blocks(train_blocks, config.vocab_size)
+        )
+        block_size = _check_blocks(train_dataset.blocks, eval_blocks, config)
+        step_tokens = tokens_per_step(block_size, args)
+        probe = None
+        if isinstance(train_dataset, MixedBlocks) and train_dataset.mix.mqar_fraction:
+            probe = RecallProbe(train_dataset.vocabulary, block_size, seed=args.seed)
         trainer = LanguageModelTrainer(
             model=model,
             args=args,
-            train_dataset=Blocks(train_blocks, config.vocab_size),
+            train_dataset=train_dataset,
             eval_dataset=Blocks(eval_blocks, config.vocab_size),
             data_collator=default_data_collator,
             processing_class=tokenizer,
+            recall_probe=probe,
             callbacks=[
                 CompletionMarker(),
                 CsvMetrics(output_dir / METRICS_CSV, step_tokens),

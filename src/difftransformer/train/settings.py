@@ -117,6 +117,20 @@ class PresetOptions:
             "help": "share of training blocks replaced by multi-needle retrieval examples (default: the preset's)"
         },
     )
+    mqar_fraction: float | None = field(
+        default=None,
+        metadata={
+            "help": "share of training rows replaced by MQAR rows: key-value pairs, then queries, loss on the "
+            "answers only (default: the preset's)"
+        },
+    )
+    induction_fraction: float | None = field(
+        default=None,
+        metadata={
+            "help": "share of training rows replaced by induction rows (a random segment repeated), which teach "
+            "small models the recall MQAR asks for (default: the preset's)"
+        },
+    )
     needle_digits: int | None = field(
         default=None,
         metadata={

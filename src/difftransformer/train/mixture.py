@@ -1,0 +1,136 @@
+"""Training examples: packed text blocks, with a share of them replaced by synthetic recall rows drawn on the fly.
+
+:class:`Blocks` serves (n, T) token ids as causal-LM examples (labels = inputs). :class:`MixedBlocks` serves the
+same blocks, except that the rows a seeded draw picks become an MQAR row (:mod:`difftransformer.data.mqar`) or an
+induction row (:mod:`difftransformer.data.induction`), generated when asked for, with labels on their answers only
+(-100 elsewhere). Nothing is copied or held in memory: the draw for row ``i`` depends on ``(seed, i)`` alone, so
+every variant trained with one seed sees identical data, a resumed run sees what it would have seen, and the
+text blocks may stay a memory-mapped file of any size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from difftransformer.data.induction import make_induction_batch
+from difftransformer.data.mqar import MqarSettings, make_mqar_batch, mqar_vocabulary
+
+
+class Blocks(Dataset):
+    """Packed (n, T) token ids as causal-LM examples; labels are the inputs (the model shifts them). ``blocks`` may
+    view a memory-mapped file: only the rows asked for are read. With ``vocab_size``, every row served is checked
+    to hold ids in ``[0, vocab_size)``."""
+
+    def __init__(self, blocks: torch.Tensor, vocab_size: int | None = None) -> None:
+        self.blocks = blocks
+        self.vocab_size = vocab_size
+
+    def __len__(self) -> int:
+        return self.blocks.shape[0]
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        row = self.blocks[index]
+        if self.vocab_size is not None and (int(row.max()) >= self.vocab_size or int(row.min()) < 0):
+            raise ValueError(f"block {index} holds ids outside [0, vocab_size={self.vocab_size})")
+        return {"input_ids": row, "labels": row}
+
+
+@dataclass(frozen=True)
+class RecallMix:
+    """Shares of training rows replaced by synthetic recall: ``mqar_fraction`` MQAR rows with a number of
+    key-value pairs drawn uniformly from ``mqar_pairs`` (lowest, highest), ``induction_fraction`` induction rows
+    (repeated random segments, which teach the circuit recall needs). Both 0: plain text."""
+
+    mqar_fraction: float = 0.0
+    induction_fraction: float = 0.0
+    mqar_pairs: tuple[int, int] = (2, 8)
+
+    def __post_init__(self) -> None:
+        for name in ("mqar_fraction", "induction_fraction"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must lie in [0, 1]; got {value}")
+        if self.mqar_fraction + self.induction_fraction > 1.0:
+            raise ValueError(
+                f"mqar_fraction + induction_fraction must be <= 1; got {self.mqar_fraction} + "
+                f"{self.induction_fraction}"
+            )
+        low, high = self.mqar_pairs
+        if not 1 <= low <= high:
+            raise ValueError(
+                f"mqar_pairs must be (lowest, highest) with 1 <= lowest <= highest; got {self.mqar_pairs}"
+            )
+
+    @property
+    def active(self) -> bool:
+        """Whether any row is replaced."""
+        return self.mqar_fraction + self.induction_fraction > 0
+
+    def check(self, block_size: int, vocab_size: int, special_ids: frozenset[int] = frozenset()) -> None:
+        """ValueError naming the field when blocks of ``block_size`` tokens from this vocabulary cannot hold the
+        mix's rows."""
+        if self.mqar_fraction:
+            MqarSettings(self.mqar_pairs[1], None, block_size).check(
+                mqar_vocabulary(vocab_size, special_ids=special_ids)
+            )
+        if self.induction_fraction:
+            make_induction_batch(np.random.default_rng(0), 1, block_size, np.arange(2))
+
+
+# Mixed into the seed of every row's draw, so the rows it picks differ from other draws of the same seed.
+_STREAM = 0x726F77
+
+
+class MixedBlocks(Blocks):
+    """``blocks`` with the rows of ``mix`` replaced, drawn from ``seed`` (see the module docstring). MQAR keys and
+    values are raw ids of a ``vocab_size`` vocabulary without ``special_ids``
+    (:func:`~difftransformer.data.mqar.mqar_vocabulary`, as the ``mqar`` evaluation draws them)."""
+
+    def __init__(
+        self,
+        blocks: torch.Tensor,
+        mix: RecallMix,
+        vocab_size: int,
+        *,
+        special_ids: frozenset[int] = frozenset(),
+        seed: int = 0,
+    ) -> None:
+        super().__init__(blocks, vocab_size)
+        mix.check(blocks.shape[1], vocab_size, special_ids)
+        self.mix = mix
+        self.seed = seed
+        self.vocabulary = mqar_vocabulary(vocab_size, special_ids=special_ids)
+        self.recall_ids = np.concatenate([self.vocabulary.keys, self.vocabulary.values])
+
+    def kind(self, index: int) -> str:
+        """What row ``index`` serves: "mqar", "induction" or "text"."""
+        return self._draw(index)[0]
+
+    def _draw(self, index: int) -> tuple[str, np.random.Generator]:
+        rng = np.random.default_rng([self.seed, _STREAM, index])
+        u = rng.random()
+        if u < self.mix.mqar_fraction:
+            return "mqar", rng
+        if u < self.mix.mqar_fraction + self.mix.induction_fraction:
+            return "induction", rng
+        return "text", rng
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        kind, rng = self._draw(index)
+        if kind == "text":
+            return super().__getitem__(index)
+        length = self.blocks.shape[1]
+        if kind == "mqar":
+            low, high = self.mix.mqar_pairs
+            settings = MqarSettings(int(rng.integers(low, high + 1)), None, length)
+            batch = make_mqar_batch(rng, 1, settings, self.vocabulary)
+        else:
+            batch = make_induction_batch(rng, 1, length, self.recall_ids)
+        return {
+            "input_ids": torch.from_numpy(batch.input_ids[0]),
+            "labels": torch.from_numpy(batch.labels[0]),
+        }
