@@ -19,9 +19,9 @@ from difftransformer.eval import suite
 from difftransformer.eval.registry import TASKS, parse_tasks
 from difftransformer.models import DiffTransformerForCausalLM
 from difftransformer.train.cli import resolved_preset, training_options
+from difftransformer.train.mixture import RecallMix
 from difftransformer.train.pipeline import PreparedData
 from difftransformer.train.presets import get_preset
-from difftransformer.train.retrieval import mix_in, needle_training_blocks
 from test_train_support import pack, small_tokenizer, synthetic_texts
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -31,15 +31,14 @@ def micro_data(block_size: int) -> PreparedData:
     texts = synthetic_texts(count=80)
     tokenizer = small_tokenizer(texts, vocab_size=400)
     train = pack(texts[:60], tokenizer, block_size)
-    needles = needle_training_blocks(train.flatten(), tokenizer, block_size, 4, seed=0)
     return PreparedData(
         tokenizer=tokenizer,
-        train_blocks=mix_in(train, needles),
+        train_blocks=train,
         validation_blocks=pack(texts[60:70], tokenizer, block_size),
         test_blocks=pack(texts[70:], tokenizer, block_size),
         test_texts=texts[70:],
-        needle_blocks=4,
         corpus_name="synthetic",
+        recall=RecallMix(needle_fraction=0.1),
     )
 
 

@@ -138,7 +138,7 @@ def test_prepare_then_train_data_reuses_the_cache(tokenizer, tmp_path, monkeypat
     monkeypatch.setattr(blocks_module, "tokenize_documents", no_tokenising)
     data = prepare_data(
         data=[str(tmp_path / "d.jsonl")], tokenizer_path=str(tmp_path / "tok"), vocab_size=300, block_size=32,
-        needle_fraction=0.0, cache_dir=tmp_path / "cache",
+        cache_dir=tmp_path / "cache",
     )  # fmt: skip
     assert data.train_blocks.dtype == torch.int64 and data.train_blocks.shape[1] == 32
     assert len(data.test_texts) == 20 and all(isinstance(t, str) for t in data.test_texts)

@@ -15,6 +15,7 @@ from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.mixture import Blocks, MixedBlocks, RecallMix
 from difftransformer.train.presets import RECIPE, get_preset
 from difftransformer.train.recall import RecallProbe, steps_to_recall
+from difftransformer.train.retrieval import NeedleRows
 from difftransformer.train.runner import METRICS_CSV, train_model
 from difftransformer.train.settings import TrainingSettings
 from test_train_support import pack, small_tokenizer, synthetic_texts
@@ -28,7 +29,9 @@ def text_blocks(rows: int = 400, length: int = 48) -> torch.Tensor:
 
 def test_mixed_blocks_draw_the_asked_shares_and_keep_text_rows():
     blocks = text_blocks()
-    data = MixedBlocks(blocks, RecallMix(0.3, 0.2, (2, 6)), VOCAB, seed=1)
+    data = MixedBlocks(
+        blocks, RecallMix(mqar_fraction=0.3, induction_fraction=0.2, mqar_pairs=(2, 6)), VOCAB, seed=1
+    )
     kinds = [data.kind(i) for i in range(len(data))]
     assert len(data) == len(blocks)
     assert abs(kinds.count("mqar") / len(kinds) - 0.3) < 0.08
@@ -51,7 +54,7 @@ def test_mixed_blocks_draw_the_asked_shares_and_keep_text_rows():
 
 def test_mixed_blocks_are_a_function_of_seed_and_index():
     blocks = text_blocks()
-    mix = RecallMix(0.5, 0.3)
+    mix = RecallMix(mqar_fraction=0.5, induction_fraction=0.3)
     a, b = MixedBlocks(blocks, mix, VOCAB, seed=3), MixedBlocks(blocks, mix, VOCAB, seed=3)
     for i in (0, 7, 99, 7):  # any order, any repetition: the same row
         assert torch.equal(a[i]["input_ids"], b[i]["input_ids"]) and torch.equal(
@@ -68,7 +71,8 @@ def test_mixed_blocks_are_a_function_of_seed_and_index():
     [
         (dict(mqar_fraction=1.2), "mqar_fraction must lie in"),
         (dict(induction_fraction=-0.1), "induction_fraction must lie in"),
-        (dict(mqar_fraction=0.6, induction_fraction=0.6), "must be <= 1"),
+        (dict(mqar_fraction=0.6, induction_fraction=0.6), "must be < 1"),
+        (dict(needle_fraction=0.5, mqar_fraction=0.5), "some text must remain"),
         (dict(mqar_pairs=(4, 2)), "mqar_pairs must be"),
     ],
 )
@@ -77,11 +81,29 @@ def test_recall_mix_refuses_bad_settings(fields, message):
         RecallMix(**fields)
 
 
+def test_needle_rows_are_drawn_lazily_from_the_training_text():
+    texts = synthetic_texts(count=40)
+    tokenizer = small_tokenizer(texts, vocab_size=400)
+    blocks = pack(texts, tokenizer, 256)
+    with pytest.raises(ValueError, match="needles: a NeedleRows is needed"):
+        MixedBlocks(blocks, RecallMix(needle_fraction=0.5), len(tokenizer))
+    data = MixedBlocks(
+        blocks, RecallMix(needle_fraction=0.5), len(tokenizer), seed=2,
+        needles=NeedleRows(blocks.reshape(-1), tokenizer, 256, number_digits=3),
+    )  # fmt: skip
+    needle_rows = [i for i in range(len(data)) if data.kind(i) == "needle"]
+    assert needle_rows and len(needle_rows) < len(data)
+    row = data[needle_rows[0]]
+    assert torch.equal(row["input_ids"], row["labels"]) and row["input_ids"].shape == (256,)
+    assert "The magic number of" in tokenizer.decode(row["input_ids"].tolist())
+    assert torch.equal(data[needle_rows[0]]["input_ids"], row["input_ids"])  # the same row every time
+
+
 def test_mixed_blocks_refuse_blocks_too_short_for_their_rows():
     with pytest.raises(ValueError, match="length must be >= 32"):
-        MixedBlocks(text_blocks(length=24), RecallMix(0.5, 0.0, (2, 8)), VOCAB)
+        MixedBlocks(text_blocks(length=24), RecallMix(mqar_fraction=0.5, mqar_pairs=(2, 8)), VOCAB)
     with pytest.raises(ValueError, match="length must be >= 12"):
-        MixedBlocks(text_blocks(length=8), RecallMix(0.0, 0.5), VOCAB)
+        MixedBlocks(text_blocks(length=8), RecallMix(induction_fraction=0.5), VOCAB)
 
 
 class RecallOracle(nn.Module):
@@ -120,7 +142,12 @@ def test_training_with_recall_rows_logs_mqar_accuracy(tmp_path):
     texts = synthetic_texts()
     tokenizer = small_tokenizer(texts)
     blocks = pack(texts, tokenizer, 48)
-    data = MixedBlocks(blocks[:-8], RecallMix(0.5, 0.25, (2, 4)), len(tokenizer), seed=0)
+    data = MixedBlocks(
+        blocks[:-8],
+        RecallMix(mqar_fraction=0.5, induction_fraction=0.25, mqar_pairs=(2, 4)),
+        len(tokenizer),
+        seed=0,
+    )
     config = get_preset("micro").model_config("softmax", vocab_size=len(tokenizer))
     settings = TrainingSettings(**{**RECIPE, "output_dir": str(tmp_path), "max_steps": 4, "eval_steps": 2,
                                    "save_steps": 4, "logging_steps": 1, "per_device_train_batch_size": 8,

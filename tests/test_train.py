@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from transformers import TrainerCallback
@@ -14,8 +15,9 @@ from transformers import TrainerCallback
 from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.checkpoints import COMPLETE_MARKER, checkpoint_problem, last_good_checkpoint
 from difftransformer.train.lock import RunDirectoryLocked, RunLock
+from difftransformer.train.mixture import MixedBlocks, RecallMix
 from difftransformer.train.presets import PRESETS, RECIPE, get_preset
-from difftransformer.train.retrieval import mix_in, needle_training_blocks
+from difftransformer.train.retrieval import NeedleRows
 from difftransformer.train.runner import METRICS_CSV, train_model
 from difftransformer.train.settings import TrainingSettings
 from test_train_support import pack, small_tokenizer, synthetic_texts
@@ -212,14 +214,13 @@ def test_generate_greedy_and_sampled(tmp_path, data, capsys):
 
 @pytest.mark.parametrize("seed", [0, 3])
 def test_retrieval_blocks_are_spread_through_the_training_order(seed):
-    """The Trainer's sampler visits torch.randperm(n) seeded with the run seed: the mixed-in retrieval blocks
-    must not be exactly the ones it visits first (which would train retrieval first and plain text last)."""
-    plain = torch.zeros(1000, 4, dtype=torch.long)
-    mixed = mix_in(plain, torch.ones(500, 4, dtype=torch.long), seed=seed)
+    """The Trainer's sampler visits torch.randperm(n) seeded with the run seed: the drawn-in retrieval rows must
+    not be exactly the ones it visits first (which would train retrieval first and plain text last)."""
+    mixed = MixedBlocks(torch.zeros(1000, 48, dtype=torch.long), RecallMix(mqar_fraction=0.5), 320, seed=seed)
+    recall = torch.tensor([mixed.kind(i) == "mqar" for i in range(1000)], dtype=torch.float)
     order = torch.randperm(1000, generator=torch.Generator().manual_seed(seed))
-    first_half_share = mixed[order[:500], 0].float().mean().item()
-    assert 0.4 < first_half_share < 0.6
-    assert int(mixed[:, 0].sum()) == 500
+    assert 0.4 < recall[order[:500]].mean().item() < 0.6
+    assert 0.45 < recall.mean().item() < 0.55
 
 
 def test_retrieval_blocks_answer_every_needle_with_its_own_number():
@@ -230,7 +231,9 @@ def test_retrieval_blocks_answer_every_needle_with_its_own_number():
     texts = synthetic_texts(count=40)
     tokenizer = small_tokenizer(texts, vocab_size=400)
     stream = pack(texts, tokenizer, 64).flatten()
-    blocks = needle_training_blocks(stream, tokenizer, 256, 12, number_digits=3, seed=7)
+    needles = NeedleRows(stream, tokenizer, 256, number_digits=3)
+    rng = np.random.default_rng(7)
+    blocks = torch.tensor([needles.row(rng) for _ in range(12)])
     assert blocks.shape == (12, 256)
     eos = tokenizer.decode([tokenizer.eos_token_id])
     needle = re.compile(r"The magic number of (\w+) is (\d+)\.")

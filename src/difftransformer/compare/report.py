@@ -354,14 +354,22 @@ def build_report(
     recipe = preset.training
     report.heading("Setup")
     report.paragraph(
-        f"Corpus: {data.corpus_name}; {data.train_blocks.shape[0]} training blocks of {preset.block_size} tokens, "
-        f"{data.needle_blocks} of them multi-needle retrieval examples"
-        + (
-            f"; {data.recall.mqar_fraction:.0%} of the rows served were MQAR rows ({data.recall.mqar_pairs[0]}-"
-            f"{data.recall.mqar_pairs[1]} key-value pairs) and {data.recall.induction_fraction:.0%} induction rows "
-            "(a random segment repeated), drawn in place of text blocks with loss on their answers only"
-            if data.recall.active
-            else ""
+        f"Corpus: {data.corpus_name}; {data.train_blocks.shape[0]} training blocks of {preset.block_size} tokens"
+        + "".join(
+            f"; {share:.0%} of the rows served were {what}"
+            for share, what in (
+                (data.recall.needle_fraction, "multi-needle retrieval examples"),
+                (
+                    data.recall.mqar_fraction,
+                    f"MQAR rows ({data.recall.mqar_pairs[0]}-{data.recall.mqar_pairs[1]} "
+                    "key-value pairs, loss on the answers only)",
+                ),
+                (
+                    data.recall.induction_fraction,
+                    "induction rows (a random segment repeated, loss on the repeat)",
+                ),
+            )
+            if share
         )
         + f"; tokenizer vocabulary {len(data.tokenizer)}. "
         f"Every variant saw the same blocks in the same order, with the same seeds and optimizer recipe "

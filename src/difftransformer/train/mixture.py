@@ -1,9 +1,10 @@
 """Training examples: packed text blocks, with a share of them replaced by synthetic recall rows drawn on the fly.
 
 :class:`Blocks` serves (n, T) token ids as causal-LM examples (labels = inputs). :class:`MixedBlocks` serves the
-same blocks, except that the rows a seeded draw picks become an MQAR row (:mod:`difftransformer.data.mqar`) or an
-induction row (:mod:`difftransformer.data.induction`), generated when asked for, with labels on their answers only
-(-100 elsewhere). Nothing is copied or held in memory: the draw for row ``i`` depends on ``(seed, i)`` alone, so
+same blocks, except that the rows a seeded draw picks become a multi-needle retrieval block
+(:class:`~difftransformer.train.retrieval.NeedleRows`, labels = inputs like text), an MQAR row
+(:mod:`difftransformer.data.mqar`) or an induction row (:mod:`difftransformer.data.induction`), the last two with
+labels on their answers only (-100 elsewhere), each generated when asked for. Nothing is copied or held in memory: the draw for row ``i`` depends on ``(seed, i)`` alone, so
 every variant trained with one seed sees identical data, a resumed run sees what it would have seen, and the
 text blocks may stay a memory-mapped file of any size.
 """
@@ -18,6 +19,7 @@ from torch.utils.data import Dataset
 
 from difftransformer.data.induction import make_induction_batch
 from difftransformer.data.mqar import MqarSettings, make_mqar_batch, mqar_vocabulary
+from difftransformer.train.retrieval import NeedleRows
 
 
 class Blocks(Dataset):
@@ -41,23 +43,25 @@ class Blocks(Dataset):
 
 @dataclass(frozen=True)
 class RecallMix:
-    """Shares of training rows replaced by synthetic recall: ``mqar_fraction`` MQAR rows with a number of
-    key-value pairs drawn uniformly from ``mqar_pairs`` (lowest, highest), ``induction_fraction`` induction rows
-    (repeated random segments, which teach the circuit recall needs). Both 0: plain text."""
+    """Shares of training rows replaced by synthetic recall: ``needle_fraction`` multi-needle retrieval blocks,
+    ``mqar_fraction`` MQAR rows with a number of key-value pairs drawn uniformly from ``mqar_pairs`` (lowest,
+    highest), ``induction_fraction`` induction rows (repeated random segments, which teach the circuit recall
+    needs). All 0: plain text."""
 
+    needle_fraction: float = 0.0
     mqar_fraction: float = 0.0
     induction_fraction: float = 0.0
     mqar_pairs: tuple[int, int] = (2, 8)
 
     def __post_init__(self) -> None:
-        for name in ("mqar_fraction", "induction_fraction"):
+        for name in ("needle_fraction", "mqar_fraction", "induction_fraction"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must lie in [0, 1]; got {value}")
-        if self.mqar_fraction + self.induction_fraction > 1.0:
+        if self.needle_fraction + self.mqar_fraction + self.induction_fraction >= 1.0:
             raise ValueError(
-                f"mqar_fraction + induction_fraction must be <= 1; got {self.mqar_fraction} + "
-                f"{self.induction_fraction}"
+                f"needle_fraction + mqar_fraction + induction_fraction must be < 1 (some text must remain); got "
+                f"{self.needle_fraction} + {self.mqar_fraction} + {self.induction_fraction}"
             )
         low, high = self.mqar_pairs
         if not 1 <= low <= high:
@@ -68,7 +72,7 @@ class RecallMix:
     @property
     def active(self) -> bool:
         """Whether any row is replaced."""
-        return self.mqar_fraction + self.induction_fraction > 0
+        return self.needle_fraction + self.mqar_fraction + self.induction_fraction > 0
 
     def check(self, block_size: int, vocab_size: int, special_ids: frozenset[int] = frozenset()) -> None:
         """ValueError naming the field when blocks of ``block_size`` tokens from this vocabulary cannot hold the
@@ -88,7 +92,8 @@ _STREAM = 0x726F77
 class MixedBlocks(Blocks):
     """``blocks`` with the rows of ``mix`` replaced, drawn from ``seed`` (see the module docstring). MQAR keys and
     values are raw ids of a ``vocab_size`` vocabulary without ``special_ids``
-    (:func:`~difftransformer.data.mqar.mqar_vocabulary`, as the ``mqar`` evaluation draws them)."""
+    (:func:`~difftransformer.data.mqar.mqar_vocabulary`, as the ``mqar`` evaluation draws them); ``needles`` draws
+    the needle blocks (needed when ``mix.needle_fraction`` is set)."""
 
     def __init__(
         self,
@@ -98,31 +103,39 @@ class MixedBlocks(Blocks):
         *,
         special_ids: frozenset[int] = frozenset(),
         seed: int = 0,
+        needles: NeedleRows | None = None,
     ) -> None:
         super().__init__(blocks, vocab_size)
         mix.check(blocks.shape[1], vocab_size, special_ids)
+        if mix.needle_fraction and needles is None:
+            raise ValueError("needles: a NeedleRows is needed for needle_fraction > 0")
+        self.needles = needles
         self.mix = mix
         self.seed = seed
         self.vocabulary = mqar_vocabulary(vocab_size, special_ids=special_ids)
         self.recall_ids = np.concatenate([self.vocabulary.keys, self.vocabulary.values])
 
     def kind(self, index: int) -> str:
-        """What row ``index`` serves: "mqar", "induction" or "text"."""
+        """What row ``index`` serves: "needle", "mqar", "induction" or "text"."""
         return self._draw(index)[0]
 
     def _draw(self, index: int) -> tuple[str, np.random.Generator]:
         rng = np.random.default_rng([self.seed, _STREAM, index])
         u = rng.random()
-        if u < self.mix.mqar_fraction:
-            return "mqar", rng
-        if u < self.mix.mqar_fraction + self.mix.induction_fraction:
-            return "induction", rng
+        for kind, share in (("needle", self.mix.needle_fraction), ("mqar", self.mix.mqar_fraction),
+                            ("induction", self.mix.induction_fraction)):  # fmt: skip
+            if u < share:
+                return kind, rng
+            u -= share
         return "text", rng
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         kind, rng = self._draw(index)
         if kind == "text":
             return super().__getitem__(index)
+        if kind == "needle":
+            row = torch.tensor(self.needles.row(rng), dtype=torch.long)
+            return {"input_ids": row, "labels": row}
         length = self.blocks.shape[1]
         if kind == "mqar":
             low, high = self.mix.mqar_pairs

@@ -11,38 +11,46 @@ import torch
 from difftransformer.data import load_tokenizer, open_corpus, packed_blocks, train_tokenizer
 from difftransformer.train.mixture import MixedBlocks, RecallMix
 from difftransformer.train.presets import Preset
-from difftransformer.train.retrieval import mix_in, needle_training_blocks
+from difftransformer.train.retrieval import NeedleRows
 from difftransformer.train.settings import DataOptions
 
 
 @dataclass
 class PreparedData:
     """Token blocks for training, validation (during training) and testing (after), the tokenizer, the held-out
-    test documents (haystacks for retrieval checks, a list of str in memory), how many training blocks hold
-    needles, and the recall rows drawn into training (:meth:`train_dataset`).
+    test documents (haystacks for retrieval checks, a list of str in memory), and the recall rows drawn into training
+    (:meth:`train_dataset`; needles with ``needle_digits``-digit numbers).
 
     Each ``*_blocks`` is an int64 ``torch.Tensor`` of shape (n, block_size) that views a memory-mapped cache file
     (:func:`difftransformer.data.packed_blocks`; copy-on-write, so indexing reads only the rows asked for and
-    writing never changes the file). With needles mixed in, ``train_blocks`` is the in-memory mix instead."""
+    writing never changes the file)."""
 
     tokenizer: object
     train_blocks: torch.Tensor
     validation_blocks: torch.Tensor
     test_blocks: torch.Tensor
     test_texts: list[str]
-    needle_blocks: int
     corpus_name: str
     recall: RecallMix = RecallMix()
+    needle_digits: int = 6
     seed: int = 0
 
     def train_dataset(self) -> MixedBlocks:
-        """The training blocks with :attr:`recall`'s rows drawn in (from the data's seed: every run alike)."""
+        """The training blocks with :attr:`recall`'s rows drawn in (from the data's seed: every run alike); needle
+        haystacks come from the training text itself."""
+        needles = None
+        if self.recall.needle_fraction:
+            block_size = self.train_blocks.shape[1]
+            needles = NeedleRows(
+                self.train_blocks.reshape(-1), self.tokenizer, block_size, number_digits=self.needle_digits
+            )
         return MixedBlocks(
             self.train_blocks,
             self.recall,
             len(self.tokenizer),
             special_ids=frozenset(self.tokenizer.all_special_ids),
             seed=self.seed,
+            needles=needles,
         )
 
 
@@ -52,20 +60,17 @@ def prepare_data(
     tokenizer_path: str | None,
     vocab_size: int,
     block_size: int,
-    needle_fraction: float,
-    needle_digits: int = 6,
     recall: RecallMix | None = None,
+    needle_digits: int = 6,
     seed: int = 0,
     cache_dir: str | Path | None = None,
     num_proc: int | None = None,
 ) -> PreparedData:
     """Load ``data`` (None: the built-in Shakespeare), train a byte-level BPE on its training split (or load
-    ``tokenizer_path``), pack every split into blocks, and replace ``needle_fraction`` of the training blocks with
-    multi-needle retrieval examples whose haystacks come from the training text; ``recall`` rows are drawn in as
-    the data is served (:meth:`PreparedData.train_dataset`). The corpus is streamed, never
+    ``tokenizer_path``) and pack every split into blocks; ``recall`` rows (multi-needle retrieval examples whose
+    haystacks come from the training text, MQAR and induction rows) are drawn in as the data is served
+    (:meth:`PreparedData.train_dataset`). The corpus is streamed, never
     held in memory; ``num_proc`` processes tokenise it (default: the CPU count) when its blocks are not cached."""
-    if not 0.0 <= needle_fraction < 1.0:
-        raise ValueError(f"needle_fraction must be in [0, 1); got {needle_fraction}")
     corpus = open_corpus(data, cache_dir=cache_dir, seed=seed)
     tokenizer = (
         load_tokenizer(tokenizer_path)
@@ -83,21 +88,15 @@ def prepare_data(
         )
         for split in ("train", "validation", "test")
     )
-    count = round(needle_fraction * train.shape[0])
-    if count:
-        needles = needle_training_blocks(
-            train.flatten(), tokenizer, block_size, count, number_digits=needle_digits, seed=seed
-        )
-        train = mix_in(train, needles, seed=seed)
     return PreparedData(
         tokenizer=tokenizer,
         train_blocks=train,
         validation_blocks=validation,
         test_blocks=test,
         test_texts=list(corpus.documents("test")),
-        needle_blocks=count,
         corpus_name=corpus.name,
         recall=recall or RecallMix(),
+        needle_digits=needle_digits,
         seed=seed,
     )
 
@@ -110,9 +109,8 @@ def prepare_preset_data(preset: Preset, options: DataOptions, seed: int) -> Prep
         tokenizer_path=options.tokenizer,
         vocab_size=preset.vocab_size,
         block_size=preset.block_size,
-        needle_fraction=preset.needle_fraction,
-        needle_digits=preset.needle_digits,
         recall=preset.recall,
+        needle_digits=preset.needle_digits,
         seed=seed,
         cache_dir=options.cache_dir,
         num_proc=options.num_proc,

@@ -71,7 +71,7 @@ class Preset:
     @property
     def recall(self) -> RecallMix:
         """The recall rows drawn into this preset's training."""
-        return RecallMix(self.mqar_fraction, self.induction_fraction, self.mqar_pairs)
+        return RecallMix(self.needle_fraction, self.mqar_fraction, self.induction_fraction, self.mqar_pairs)
 
     def model_config(self, attention: str = "diff", **fields) -> DiffTransformerConfig:
         """The model for ``attention`` ("diff", "softmax" = the matched baseline, "diff_v2"); ``fields`` (e.g.

@@ -47,34 +47,44 @@ class _EpisodeSizer:
         )
 
 
-def needle_training_blocks(
-    stream: list[int] | torch.Tensor,
-    tokenizer,
-    block_size: int,
-    count: int,
-    *,
-    max_needles: int = 4,
-    number_digits: int = 6,
-    seed: int = 0,
-) -> torch.Tensor:
-    """(count, block_size) int64 retrieval blocks, each packed with episodes of 1..max_needles needles (the first
-    at a uniform random depth) in a haystack of uniform random length, every needle answered, EOS after each; the
-    space no further episode fits in is filled with haystack. ``stream`` is tokenized haystack text (1-D ids)."""
-    if count < 0:
-        raise ValueError(f"count must be >= 0; got {count}")
-    # Kept as an array (a memory-mapped corpus stays on disk); each episode slices only the window it uses.
-    ids = stream.numpy() if isinstance(stream, torch.Tensor) else np.asarray(stream)
-    sizer = _EpisodeSizer(tokenizer, number_digits)
-    smallest = min(sizer.fixed_tokens([c]) for c in CITIES) + 1
-    if block_size < 2 * smallest:
-        raise ValueError(f"block_size must be at least {2 * smallest} for retrieval blocks; got {block_size}")
-    rng = np.random.default_rng(seed)
-    rows = []
-    for _ in range(count):
+class NeedleRows:
+    """Draws retrieval blocks of ``block_size`` tokens, one per call, each packed with episodes of 1..max_needles
+    needles (the first at a uniform random depth) in a haystack of uniform random length, every needle answered,
+    EOS after each; the space no further episode fits in is filled with haystack. ``stream`` is tokenized haystack
+    text (1-D ids; a memory-mapped one stays on disk: each episode reads only the window it uses)."""
+
+    def __init__(
+        self,
+        stream: list[int] | torch.Tensor | np.ndarray,
+        tokenizer,
+        block_size: int,
+        *,
+        max_needles: int = 4,
+        number_digits: int = 6,
+    ) -> None:
+        self.ids = stream.numpy() if isinstance(stream, torch.Tensor) else np.asarray(stream)
+        self.tokenizer = tokenizer
+        self.block_size = block_size
+        self.max_needles = max_needles
+        self.number_digits = number_digits
+        self.sizer = _EpisodeSizer(tokenizer, number_digits)
+        smallest = min(self.sizer.fixed_tokens([c]) for c in CITIES) + 1
+        if block_size < 2 * smallest:
+            raise ValueError(
+                f"block_size must be at least {2 * smallest} for retrieval blocks; got {block_size}"
+            )
+        if len(self.ids) <= block_size:
+            raise ValueError(
+                f"the haystack stream must hold more than {block_size} tokens; got {len(self.ids)}"
+            )
+
+    def row(self, rng: np.random.Generator) -> list[int]:
+        """One retrieval block (``block_size`` ids) drawn with ``rng``."""
+        sizer, tokenizer, ids = self.sizer, self.tokenizer, self.ids
         row: list[int] = []
         while True:
-            room = block_size - len(row) - 1  # an EOS ends each episode
-            needles = int(rng.integers(1, max_needles + 1))
+            room = self.block_size - len(row) - 1  # an EOS ends each episode
+            needles = int(rng.integers(1, self.max_needles + 1))
             cities = [CITIES[i] for i in rng.choice(len(CITIES), size=needles, replace=False)]
             fixed = sizer.fixed_tokens(cities)
             if fixed > room:
@@ -90,7 +100,7 @@ def needle_training_blocks(
                 num_queries=needles,
                 depth=float(rng.random()),
                 rng=rng,
-                number_digits=number_digits,
+                number_digits=self.number_digits,
                 cities=cities,
             )
             row += sample.prompt_ids[0] + sample.answer_ids[0]
@@ -98,20 +108,5 @@ def needle_training_blocks(
                 row += tokenizer(FOLLOW_UP_TEMPLATE.format(city=city), add_special_tokens=False)["input_ids"]
                 row += answer
             row.append(tokenizer.eos_token_id)
-        start = int(rng.integers(0, len(ids) - block_size))
-        rows.append((row + ids[start : start + block_size].tolist())[:block_size])
-    return torch.tensor(rows, dtype=torch.long).view(count, block_size)
-
-
-def mix_in(blocks: torch.Tensor, extra: torch.Tensor, seed: int = 0) -> torch.Tensor:
-    """Replace ``len(extra)`` randomly chosen rows of ``blocks`` (n, T) with ``extra`` (m, T); same n, same order
-    otherwise, so every variant trained on the result sees identical data in identical order."""
-    if extra.shape[0] > blocks.shape[0]:
-        raise ValueError(f"cannot mix {extra.shape[0]} blocks into {blocks.shape[0]}")
-    mixed = blocks.clone()
-    # A stream of its own: the Trainer's sampler draws torch.randperm(n) from the same seed, and positions
-    # drawn that way would be the first ones it visits (every retrieval block first, then plain text only).
-    rng = np.random.default_rng([seed, 0x6D6978])
-    where = torch.from_numpy(rng.permutation(blocks.shape[0])[: extra.shape[0]])
-    mixed[where] = extra
-    return mixed
+        start = int(rng.integers(0, len(ids) - self.block_size))
+        return (row + ids[start : start + self.block_size].tolist())[: self.block_size]
