@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from difftransformer.compare.claims import LOSS_CLAIM, judge_claim, matching_ratios
+from difftransformer.compare.claims import LOSS_CLAIM, RECALL_STEPS_CLAIM, judge_claim, matching_ratios
 from difftransformer.compare.document import Report
 from difftransformer.compare.gap import gap_curves
 from difftransformer.compare.report import claims_section, verdict_sentences
@@ -130,7 +130,12 @@ def test_claims_table_without_sizes_has_a_row_per_claim_with_verdicts():
     logits = next(line for line in text.splitlines() if "attention-logit top-1/median" in line)
     assert logits.endswith("| opposite |")
     assert "parameters DIFF needs" not in text  # no sizes: no scaling row
-    assert "MQAR" not in text  # the paper makes no MQAR claim
+    # MQAR rows stand for the paper's retrieval claim: 4 pairs at level 0.6 vs 0.3, 8 pairs at level / 5.
+    mqar = next(line for line in text.splitlines() if "MQAR accuracy, 4 key-value pairs" in line)
+    assert "DIFF 0.61 ± 0.01 vs Transformer 0.30 ± 0.01" in mqar and "multi-needle" in mqar
+    assert mqar.endswith("| agrees |")
+    # Runs without recall rows in training have no MQAR curve: no steps-to-recall row.
+    assert "training steps until MQAR" not in text
 
 
 def test_claims_table_with_sizes_adds_the_scaling_row():
@@ -179,6 +184,49 @@ def test_claims_need_the_baseline_and_at_chance_is_said():
     assert loss.verdict.word == AGREES and loss.values == [4.4, 4.41]
     one_seed = verdict_sentences([records[0], records[2]], parse_variants("diff,softmax"), "tiny")
     assert one_seed[0].endswith("one seed: spread unknown.")
+
+
+def planted_curve(folder: Path, accuracies: list[float]) -> Path:
+    """A run folder whose metrics.csv logged ``accuracies`` of the MQAR probe at steps 100, 200, ..."""
+    import csv
+
+    from difftransformer.train.callbacks import CSV_FIELDS
+
+    folder.mkdir(parents=True)
+    with open(folder / "metrics.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        for i, accuracy in enumerate(accuracies, 1):
+            writer.writerow({"step": 100 * i, "loss": 3.0})
+            writer.writerow({"step": 100 * i, "eval_loss": 3.0, "eval_mqar_accuracy": accuracy})
+    return folder
+
+
+def test_steps_to_recall_claim_on_planted_curves(tmp_path):
+    curves = {
+        ("diff", 0): [0.2, 0.5, 0.95, 0.99], ("diff", 1): [0.2, 0.3, 0.6, 0.92],
+        ("softmax", 0): [0.2, 0.2, 0.3, 0.5], ("softmax", 1): [0.2, 0.25, 0.3, 0.35],
+    }  # fmt: skip
+    records = []
+    for (variant, seed), accuracies in curves.items():
+        run = record(variant, seed, 4.5, 0.5)
+        run.folder = planted_curve(tmp_path / f"{variant}{seed}", accuracies)
+        records.append(run)
+    judgement = judge_claim(RECALL_STEPS_CLAIM, records[:2], records[2:])
+    # DIFF reached 0.9 at steps 300 and 400; the Transformer never did: counted as its 400 steps.
+    assert judgement.values == [300.0, 400.0] and judgement.baseline == [400.0, 400.0]
+    assert judgement.verdict.word == NOT_RESOLVED  # 350 vs 400 within twice the pooled spread (about 50)
+    report = Report("recall")
+    claims_section(report, records, parse_variants("diff,softmax"), "tiny", None)
+    row = next(line for line in report.markdown().splitlines() if "training steps until MQAR" in line)
+    assert "DIFF 350 ± 71 vs Transformer 400 ± 0" in row
+    # Nobody reached 0.9: not measurable, and the row says so.
+    for run in records:
+        (run.folder / "metrics.csv").unlink()
+        planted_curve(run.folder / "slow", [0.1, 0.2])
+        run.folder = run.folder / "slow"
+    stuck = judge_claim(RECALL_STEPS_CLAIM, records[:2], records[2:])
+    assert stuck.verdict.word == AT_CHANCE and stuck.chance == "no run reached 0.9"
 
 
 def test_gap_curves_pair_seeds_and_steps():

@@ -87,6 +87,12 @@ RECALL_STEPS_CLAIM = Claim(
 )  # fmt: skip
 
 
+def training_claims(records: Sequence[RunRecord]) -> list[Claim]:
+    """The claims read off training: test loss, and the steps to recall where every run trained with MQAR rows."""
+    recall = all(_recall_curve(record)[0] for record in records)
+    return [LOSS_CLAIM, RECALL_STEPS_CLAIM] if recall else [LOSS_CLAIM]
+
+
 def task_claims(records: Sequence[RunRecord], with_paper_only: bool = True) -> list[Claim]:
     """A claim for every task measure (only those naming the paper's number, by default), for the tasks every run
     has."""

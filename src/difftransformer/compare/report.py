@@ -12,13 +12,13 @@ from difftransformer.compare.claims import (
     LOSS_CLAIM,
     PAPER_PARAMETERS,
     PAPER_TOKENS,
-    RECALL_STEPS_CLAIM,
     Claim,
     Judgement,
     judge_claim,
     judge_ratio,
     matching_ratios,
     task_claims,
+    training_claims,
 )
 from difftransformer.compare.document import Report, mean_spread
 from difftransformer.compare.gap import gap_curves
@@ -83,7 +83,7 @@ def claims_section(
     for variant in others:
         header += [f"ours: {variant.label} vs {baseline.label}", "verdict"]
     rows = []
-    claims: list[Claim] = [LOSS_CLAIM, RECALL_STEPS_CLAIM, *task_claims(at_scale)]
+    claims: list[Claim] = [*training_claims(at_scale), *task_claims(at_scale)]
     for claim in claims:
         judgements = [judge_claim(claim, _runs(at_scale, variant.spec()), reference) for variant in others]
         # What chance is, said once in the row, where a verdict cell says "not measurable here".
@@ -131,7 +131,7 @@ def verdict_sentences(records: Sequence[RunRecord], variants: Sequence[Variant],
     at_scale = [r for r in records if r.scale == scale]
     reference = _runs(at_scale, baseline.spec())
     sentences = []
-    for claim in [LOSS_CLAIM, RECALL_STEPS_CLAIM, *task_claims(at_scale, with_paper_only=False)]:
+    for claim in [*training_claims(at_scale), *task_claims(at_scale, with_paper_only=False)]:
         for variant in variants:
             if variant.is_baseline:
                 continue
