@@ -118,10 +118,10 @@ def light(light: dict | None = None, **fields) -> suite.SuiteSettings:
     overrides of the tasks' light settings."""
     preset = get_preset("micro")
     overrides = {"needle": {"samples": 1}, "quant": {"samples": 1}, **(light or {})}
+    fields = {"context_length": preset.block_size, **fields}
     return suite.SuiteSettings(
-        context_length=preset.block_size, needle_digits=preset.needle_digits, needles=((1, 1), (2, 2)),
-        light=overrides, **fields,
-    )  # fmt: skip
+        needle_digits=preset.needle_digits, needles=((1, 1), (2, 2)), light=overrides, **fields
+    )
 
 
 def test_suite_runs_every_task_with_numbers_in_range(tmp_path):
@@ -199,6 +199,15 @@ def test_suite_refuses_bad_tasks_and_short_text():
         suite.suite_options(light(), tokenizer, short)
     # Tasks that read no held-out text do not need any.
     assert list(suite.suite_options(light(tasks=("icl", "mqar")), tokenizer, short)) == ["icl", "mqar"]
+    # A block too short for needles: asked for, refused; not asked for (compare's default), left out with why.
+    texts = synthetic_texts(count=80)
+    with pytest.raises(ValueError, match=r"--needles 1:1 needs about \d+ tokens .* context length 48"):
+        suite.suite_options(light(tasks=("needle", "mqar"), context_length=48), tokenizer, texts)
+    skipped = {}
+    options = suite.suite_options(light(context_length=48), tokenizer, texts, skipped)
+    assert {"needle", "attention"} <= set(skipped) and "context length 48" in skipped["needle"]
+    assert {"mqar", "quant", "outliers", "longctx"} <= set(options) and not set(options) & set(skipped)
+    assert options["quant"].needle is False and options["quant"].mqar_pairs == 4  # its needle check left out
 
 
 def test_compare_flags_are_checked_before_any_work(tmp_path, capsys):

@@ -92,9 +92,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     own.add_argument(
         "--tasks",
         type=_tasks,
-        default=TASKS,
+        default=None,
         help="evaluation tasks to run on every trained model with light settings, comma-separated: "
-        f"{', '.join(TASKS)} (default: all)",
+        f"{', '.join(TASKS)} (default: every one that fits the block size; a task named here that cannot run "
+        "is refused before training)",
     )
     own.add_argument(
         "--needles",

@@ -20,6 +20,7 @@ from difftransformer.compare.variants import Variant
 from difftransformer.convert.upcycle import initial_model
 from difftransformer.eval.common import mean_token_nll
 from difftransformer.eval.harness import run_harness
+from difftransformer.eval.registry import TASKS
 from difftransformer.eval.suite import SuiteSettings, run_suite, suite_options
 from difftransformer.models import DiffTransformerForCausalLM
 from difftransformer.storage import read_json, write_json
@@ -182,14 +183,19 @@ def run_comparison(
     scales = []
     for scale, scaled in scaled_presets(preset, args, training):
         settings = SuiteSettings(
-            tasks=args.tasks,
+            tasks=args.tasks or TASKS,
             context_length=scaled.block_size,
             needle_digits=scaled.needle_digits,
             needles=tuple(tuple(pair) for pair in args.needles),
             light={"needle": {"samples": args.needle_samples}},
         )
-        # Refuse settings the held-out text or the tokenizer cannot serve before anything is trained.
-        suite_options(settings, data.tokenizer, data.test_texts)
+        # Refuse settings the held-out text or the tokenizer cannot serve before anything is trained; without
+        # --tasks, leave out the tasks that cannot run at this block size and say why.
+        skipped: dict[str, str] | None = None if args.tasks else {}
+        fitting = suite_options(settings, data.tokenizer, data.test_texts, skipped)
+        for task, reason in (skipped or {}).items():
+            print(f"compare: {task} left out at block size {scaled.block_size}: {reason}")
+        settings = dataclasses.replace(settings, tasks=tuple(fitting))
         scales.append((scale, scaled, settings))
     plan = [(*scale, variant, seed) for scale in scales for seed in seeds for variant in args.variants]
     records = []

@@ -34,7 +34,12 @@ from tqdm.auto import tqdm
 from difftransformer.data.needles import make_needle_sample
 from difftransformer.eval.common import is_difftransformer, model_device
 from difftransformer.eval.logits import attention_logits
-from difftransformer.eval.needle import NeedleOptions, fit_needle_lengths, validate_needle_run
+from difftransformer.eval.needle import (
+    NeedleOptions,
+    fit_needle_lengths,
+    needles_problem,
+    validate_needle_run,
+)
 from difftransformer.eval.options import flag, option, with_settings
 from difftransformer.eval.task import Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.plotting import pyplot, save_figure
@@ -209,9 +214,13 @@ class AttentionTask(Task):
         return fit_needle_lengths(options, model, tokenizer, given)
 
     def light_options(self, light: AttentionOptions, suite: SuiteContext) -> AttentionOptions:
-        return dataclasses.replace(
+        options = dataclasses.replace(
             light, context_lengths=[suite.context_length], needle_digits=suite.needle_digits, seed=suite.seed
         )
+        problem = needles_problem(suite.tokenizer, options)
+        if problem:
+            raise ValueError(problem)
+        return options
 
     def run(
         self, model, tokenizer, texts, options: AttentionOptions, output_dir: Path, progress: bool

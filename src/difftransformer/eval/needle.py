@@ -100,6 +100,21 @@ def needle_tokens(
     return n * needle_len + len(encode(tokenizer, question)) + 1
 
 
+def needles_problem(tokenizer, options: NeedleOptions) -> str | None:
+    """Why ``options``' needles and question cannot fit its shortest context (None when they fit)."""
+    shortest = min(options.context_lengths)
+    for n, r in options.pairs:
+        need = needle_tokens(
+            tokenizer, n, r, options.needle_template, options.question_template, options.needle_digits
+        )
+        if need > shortest:
+            return (
+                f"--needles {n}:{r} needs about {need} tokens of needles and question, more than the context "
+                f"length {shortest}"
+            )
+    return None
+
+
 def validate_needle_run(
     model,
     tokenizer,
@@ -295,10 +310,14 @@ class NeedleTask(Task):
         return fit_needle_lengths(options, model, tokenizer, given)
 
     def light_options(self, light: NeedleOptions, suite: SuiteContext) -> NeedleOptions:
-        return dataclasses.replace(
+        options = dataclasses.replace(
             light, context_lengths=[suite.context_length], needles=[f"{n}:{r}" for n, r in suite.needles],
             needle_digits=suite.needle_digits, seed=suite.seed,
         )  # fmt: skip
+        problem = needles_problem(suite.tokenizer, options)
+        if problem:
+            raise ValueError(problem)
+        return options
 
     def run(self, model, tokenizer, texts, options: NeedleOptions, output_dir: Path, progress: bool) -> dict:
         return run_needle(model, tokenizer, texts, options, output_dir=output_dir, progress=progress)

@@ -36,7 +36,7 @@ from difftransformer.eval.needle import (
     CHANCE_MARGIN,
     NeedleOptions,
     fit_needle_lengths,
-    needle_tokens,
+    needles_problem,
     run_needle,
 )
 from difftransformer.eval.options import at_least, not_empty, option, with_settings
@@ -222,19 +222,13 @@ class QuantTask(Task):
         return fit_length(fit_needle_lengths(options, model, tokenizer, given), model, given)
 
     def light_options(self, light: QuantOptions, suite: SuiteContext) -> QuantOptions:
-        # The needle check where the suite's needles fit the context; the MQAR check (4 pairs) always.
-        fits = all(
-            needle_tokens(
-                suite.tokenizer, n, r, light.needle_template, light.question_template, suite.needle_digits
-            )
-            <= suite.context_length
-            for n, r in suite.needles
-        )
-        return dataclasses.replace(
+        options = dataclasses.replace(
             light, length=suite.context_length, num_sequences=suite.windows(light.num_sequences),
             context_lengths=[suite.context_length], needles=[f"{n}:{r}" for n, r in suite.needles],
-            needle_digits=suite.needle_digits, seed=suite.seed, needle=fits, mqar_pairs=4,
+            needle_digits=suite.needle_digits, seed=suite.seed, mqar_pairs=4,
         )  # fmt: skip
+        # The needle check where the suite's needles fit the context; the MQAR check (4 pairs) always.
+        return dataclasses.replace(options, needle=needles_problem(suite.tokenizer, options) is None)
 
     def run(self, model, tokenizer, texts, options: QuantOptions, output_dir: Path, progress: bool) -> dict:
         check_context_length(model, options.length, "--length")  # before reading the text

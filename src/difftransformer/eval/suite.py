@@ -68,9 +68,13 @@ def held_out_tokens(tokenizer, texts: Sequence[str]) -> int:
     return sum(len(ids) + eos for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"])
 
 
-def suite_options(settings: SuiteSettings, tokenizer, texts: Sequence[str]) -> dict[str, Any]:
+def suite_options(
+    settings: SuiteSettings, tokenizer, texts: Sequence[str], skipped: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Every task's options (see :meth:`Task.light_options`), checked: call it before long work to fail early. A
-    task that reads held-out text needs at least one window of ``context_length`` tokens of it."""
+    task that reads held-out text needs at least one window of ``context_length`` tokens of it. With ``skipped``
+    (a dict), a task that cannot run at these settings is left out and ``skipped[task]`` says why, instead of
+    raising."""
     context = SuiteContext(
         context_length=settings.context_length,
         needle_digits=settings.needle_digits,
@@ -82,12 +86,17 @@ def suite_options(settings: SuiteSettings, tokenizer, texts: Sequence[str]) -> d
     options = {}
     for name in settings.tasks:
         task = get_task(name)
-        if task.reads_text and context.held_out_tokens < context.context_length:
-            raise ValueError(
-                f"the held-out texts give {context.held_out_tokens} tokens; {name} needs at least one window of "
-                f"context_length {context.context_length}"
-            )
-        options[name] = task.light_options(settings.light_settings(name), context)
+        try:
+            if task.reads_text and context.held_out_tokens < context.context_length:
+                raise ValueError(
+                    f"the held-out texts give {context.held_out_tokens} tokens; {name} needs at least one window "
+                    f"of context_length {context.context_length}"
+                )
+            options[name] = task.light_options(settings.light_settings(name), context)
+        except ValueError as err:
+            if skipped is None:
+                raise
+            skipped[name] = str(err)
     return options
 
 
