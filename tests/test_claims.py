@@ -138,6 +138,18 @@ def test_claims_table_without_sizes_has_a_row_per_claim_with_verdicts():
     assert "training steps until MQAR" not in text
 
 
+def test_loss_row_says_when_parameters_differ():
+    """An upcycled DIFF carries more weights than the Transformer it came from: the loss row must not claim
+    equal parameters."""
+    records = planted_records()
+    for run in records[:2]:
+        run.parameters = 1500
+    report = Report("upcycled")
+    claims_section(report, records, parse_variants("diff,softmax"), "tiny", None)
+    row = next(line for line in report.markdown().splitlines() if line.startswith("| language-modelling"))
+    assert "equal tokens; parameters differ (above)" in row and "equal parameters" not in row
+
+
 def test_claims_table_with_sizes_adds_the_scaling_row():
     records = []
     # Loss follows 10 * N^-0.1 for the baseline; DIFF reaches the same loss with 60% of the parameters.

@@ -79,6 +79,10 @@ def claims_section(
         + ". Values are mean ± sample standard deviation across seeds. "
         + RULE
     )
+    unequal = any(
+        abs(_runs(at_scale, variant.spec())[0].parameters / reference[0].parameters - 1) > 0.05
+        for variant in others
+    )
     header = ["claim", "the paper"]
     for variant in others:
         header += [f"ours: {variant.label} vs {baseline.label}", "verdict"]
@@ -88,10 +92,11 @@ def claims_section(
         judgements = [judge_claim(claim, _runs(at_scale, variant.spec()), reference) for variant in others]
         # What chance is, said once in the row, where a verdict cell says "not measurable here".
         at_chance = any(j is not None and j.verdict.word == AT_CHANCE for j in judgements)
-        row = [
-            f"{claim.name} (chance: {claim.chance})" if at_chance and claim.chance else claim.name,
-            claim.paper,
-        ]
+        name = claim.name
+        if claim is LOSS_CLAIM and unequal:
+            # An upcycled model carries more attention weights than the model it came from.
+            name = name.replace("equal parameters and tokens", "equal tokens; parameters differ (above)")
+        row = [f"{name} (chance: {claim.chance})" if at_chance and claim.chance else name, claim.paper]
         for variant, judgement in zip(others, judgements):
             row += (
                 ["-", "-"]
