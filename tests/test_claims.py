@@ -148,6 +148,8 @@ def test_loss_row_says_when_parameters_differ():
     claims_section(report, records, parse_variants("diff,softmax"), "tiny", None)
     row = next(line for line in report.markdown().splitlines() if line.startswith("| language-modelling"))
     assert "equal tokens; parameters differ (above)" in row and "equal parameters" not in row
+    sentences = verdict_sentences(records, parse_variants("diff,softmax"), "tiny")
+    assert sentences[0].startswith("Language-modelling loss at equal tokens; parameters differ")
 
 
 def test_claims_table_with_sizes_adds_the_scaling_row():

@@ -55,6 +55,23 @@ def _ours(judgement: Judgement, digits: int, baseline_label: str, variant_label:
     )
 
 
+def _parameters_differ(
+    records: Sequence[RunRecord], variants: Sequence[Variant], reference: Sequence[RunRecord]
+) -> bool:
+    """Whether a variant's parameter count differs from the baseline's by more than 5% (e.g. upcycled models)."""
+    return any(
+        abs(_runs(records, variant.spec())[0].parameters / reference[0].parameters - 1) > 0.05
+        for variant in variants
+    )
+
+
+def _claim_name(claim: Claim, parameters_differ: bool) -> str:
+    """The claim's name; the loss claim says "equal tokens" alone where parameter counts differ."""
+    if claim is LOSS_CLAIM and parameters_differ:
+        return claim.name.replace("equal parameters and tokens", "equal tokens; parameters differ (above)")
+    return claim.name
+
+
 def claims_section(
     report: Report, records: Sequence[RunRecord], variants: Sequence[Variant], scale: str, by: str | None
 ) -> None:
@@ -92,10 +109,7 @@ def claims_section(
         judgements = [judge_claim(claim, _runs(at_scale, variant.spec()), reference) for variant in others]
         # What chance is, said once in the row, where a verdict cell says "not measurable here".
         at_chance = any(j is not None and j.verdict.word == AT_CHANCE for j in judgements)
-        name = claim.name
-        if claim is LOSS_CLAIM and unequal:
-            # An upcycled model carries more attention weights than the model it came from.
-            name = name.replace("equal parameters and tokens", "equal tokens; parameters differ (above)")
+        name = _claim_name(claim, unequal)
         row = [f"{name} (chance: {claim.chance})" if at_chance and claim.chance else name, claim.paper]
         for variant, judgement in zip(others, judgements):
             row += (
@@ -135,6 +149,7 @@ def verdict_sentences(records: Sequence[RunRecord], variants: Sequence[Variant],
         return ["No verdicts: the comparison has no matched baseline (softmax)."]
     at_scale = [r for r in records if r.scale == scale]
     reference = _runs(at_scale, baseline.spec())
+    unequal = _parameters_differ(at_scale, [v for v in variants if not v.is_baseline], reference)
     sentences = []
     for claim in [*training_claims(at_scale), *task_claims(at_scale, with_paper_only=False)]:
         for variant in variants:
@@ -142,8 +157,9 @@ def verdict_sentences(records: Sequence[RunRecord], variants: Sequence[Variant],
                 continue
             judgement = judge_claim(claim, _runs(at_scale, variant.spec()), reference)
             if judgement is not None:
+                name = _claim_name(claim, unequal)
                 sentences.append(
-                    f"{claim.name[0].upper()}{claim.name[1:]}: "
+                    f"{name[0].upper()}{name[1:]}: "
                     f"{_ours(judgement, claim.digits, baseline.label, variant.label)}, {judgement.verdict_text()}."
                 )
     return sentences
