@@ -11,8 +11,8 @@ import pytest
 from difftransformer.compare.claims import LOSS_CLAIM, RECALL_STEPS_CLAIM, judge_claim, matching_ratios
 from difftransformer.compare.document import Report
 from difftransformer.compare.gap import gap_curves
+from difftransformer.compare.records import RunRecord
 from difftransformer.compare.report import claims_section, verdict_sentences
-from difftransformer.compare.runs import RunRecord
 from difftransformer.compare.variants import parse_variant, parse_variants
 from difftransformer.compare.verdict import (
     AGREES,

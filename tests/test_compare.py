@@ -54,7 +54,9 @@ def compare_args(tmp_path, **overrides) -> argparse.Namespace:
 
 
 def compare(data: PreparedData, args: argparse.Namespace):
-    return run_comparison(data, resolved_preset(args), args, training_options(args))
+    return run_comparison(
+        data, resolved_preset(args), compare_cli.comparison_settings(args), training_options(args)
+    )
 
 
 def test_compare_writes_report_and_plots(tmp_path):

@@ -20,7 +20,7 @@ from difftransformer.train.recall import RECALL_THRESHOLD, steps_to_recall
 from difftransformer.train.runner import METRICS_CSV
 
 if TYPE_CHECKING:
-    from difftransformer.compare.runs import RunRecord
+    from difftransformer.compare.records import RunRecord
 
 PAPER_LOSS = "DIFF 3.062 vs Transformer 3.087 validation loss (1.4B models, 10B tokens); lower at 830M-13.1B"
 PAPER_PARAMETERS = "62.2%: a 6.8B DIFF matches an 11B Transformer (830M-13.1B models, 10B tokens each)"

@@ -13,6 +13,7 @@ import dataclasses
 import os
 
 from difftransformer.compare.runs import run_comparison
+from difftransformer.compare.settings import DEFAULT_NEEDLES, ComparisonSettings
 from difftransformer.compare.variants import Variant, parse_variants
 from difftransformer.eval.harness import check_harness
 from difftransformer.eval.needle import parse_needle_configs
@@ -100,7 +101,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     own.add_argument(
         "--needles",
         type=parse_needle_configs,
-        default=[(1, 1), (2, 2), (4, 2)],
+        default=list(DEFAULT_NEEDLES),
         help="multi-needle retrieval configurations N:R (N needles, R queried), comma-separated, for the needle "
         "task and quant's needle check (default: 1:1,2:2,4:2)",
     )
@@ -139,41 +140,51 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_recipe_options(parser, exclude=frozenset({"output_dir"}))
 
 
+def comparison_settings(args: argparse.Namespace) -> ComparisonSettings:
+    """The comparison's own options from the command line (checked by :class:`ComparisonSettings`)."""
+    limit = args.lm_eval_limit
+    if limit is not None:
+        if limit <= 0:
+            raise ValueError(f"--lm-eval-limit must be > 0; got {limit}")
+        limit = int(limit) if limit >= 1 else limit  # a count from 1 on, a share below
+    return ComparisonSettings(
+        output_dir=args.output_dir,
+        variants=tuple(args.variants),
+        init_from=args.init_from,
+        seeds=tuple(args.seeds) if args.seeds is not None else None,
+        sizes=tuple(args.sizes) if args.sizes else None,
+        token_budgets=tuple(args.token_budgets) if args.token_budgets else None,
+        tasks=args.tasks,
+        needles=tuple(tuple(pair) for pair in args.needles),
+        needle_samples=args.needle_samples,
+        test_blocks=args.test_blocks,
+        lm_eval_tasks=tuple(args.lm_eval_tasks) if args.lm_eval_tasks else None,
+        lm_eval_include=args.lm_eval_include,
+        lm_eval_limit=limit,
+        lm_eval_batch_size=args.lm_eval_batch_size,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Check the flags, prepare the data (with --seed, as ``train`` does), run the comparison, print where the
     report is."""
     preset = resolved_preset(args)
+    comparison = comparison_settings(args)
     data_options = DataOptions(**given(args, DataOptions))
-    if args.init_from:
-        for variant in args.variants:
-            if variant.overrides:
-                raise ValueError(
-                    f"--variants: with --init-from the pretrained model fixes every shape; got {variant.spec()}"
-                )
-        if args.sizes:
-            raise ValueError("--sizes: with --init-from the pretrained model fixes the width; drop --sizes")
+    if comparison.init_from:
         if data_options.tokenizer:
             raise ValueError(
                 "--tokenizer: --init-from brings the folder's own tokenizer; give one of the two"
             )
-        data_options = dataclasses.replace(data_options, tokenizer=args.init_from)
-    if args.needle_samples < 1:
-        raise ValueError(
-            f"--needle-samples must be >= 1 (leave needle out of --tasks to skip it); got {args.needle_samples}"
-        )
-    if args.lm_eval_tasks:
-        check_harness(args.lm_eval_include, args.lm_eval_batch_size)
-        if args.lm_eval_limit is not None:
-            if args.lm_eval_limit <= 0:
-                raise ValueError(f"--lm-eval-limit must be > 0; got {args.lm_eval_limit}")
-            if args.lm_eval_limit >= 1:
-                args.lm_eval_limit = int(args.lm_eval_limit)
+        data_options = dataclasses.replace(data_options, tokenizer=comparison.init_from)
+    if comparison.lm_eval_tasks:
+        check_harness(comparison.lm_eval_include, comparison.lm_eval_batch_size)
     # --output-dir is the report's folder here; every run gets its own under it.
     training = {name: value for name, value in training_options(args).items() if name != "output_dir"}
     # Every training option is checked now, before any work (each run builds its own with its folder and seed).
-    preset.training_settings(output_dir=os.path.join(args.output_dir, "runs"), **training)
+    preset.training_settings(output_dir=os.path.join(comparison.output_dir, "runs"), **training)
     data = prepare_preset_data(preset, data_options, training["seed"])
-    markdown = run_comparison(data, preset, args, training)
+    markdown = run_comparison(data, preset, comparison, training)
     print(f"report: {os.path.abspath(markdown)}")
     print(f"        {os.path.abspath(markdown.with_suffix('.html'))}")
     return 0

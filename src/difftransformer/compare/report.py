@@ -32,7 +32,8 @@ from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.runner import METRICS_CSV
 
 if TYPE_CHECKING:
-    from difftransformer.compare.runs import RunRecord
+    from difftransformer.compare.records import RunRecord
+    from difftransformer.compare.settings import ComparisonSettings
     from difftransformer.train.pipeline import PreparedData
     from difftransformer.train.presets import Preset
 
@@ -360,13 +361,13 @@ def build_report(
     variants: Sequence[Variant],
     data: PreparedData,
     preset: Preset,
-    args,
+    comparison: ComparisonSettings,
     out: Path,
 ) -> Report:
     """The whole report: the claims table and the verdict rule, setup, results table and verdicts, loss and gap
     curves, the suite's sections, scaling fits."""
     scales = list(dict.fromkeys(r.scale for r in records))
-    by = ("parameters" if args.sizes else "tokens") if len(scales) > 1 else None
+    by = ("parameters" if comparison.sizes else "tokens") if len(scales) > 1 else None
     # Claims and verdicts read the largest scale: the model or budget closest to the paper's.
     largest = max(scales, key=lambda s: max((r.parameters, r.tokens) for r in records if r.scale == s))
     names = " vs ".join(v.label for v in variants)
@@ -422,7 +423,7 @@ def build_report(
     report.table(header, rows)
     report.paragraph(
         "Values here and in every table below are mean ± sample standard deviation across seeds; the test "
-        f"loss is over {min(args.test_blocks, data.test_blocks.shape[0])} held-out blocks."
+        f"loss is over {min(comparison.test_blocks, data.test_blocks.shape[0])} held-out blocks."
     )
     report.paragraph(" ".join(verdict_sentences(records, variants, largest)))
     plot_curves(records, out / "loss_curves.png")

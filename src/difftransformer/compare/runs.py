@@ -7,15 +7,15 @@ differs. ``--sizes`` and ``--token-budgets`` repeat this over model widths or tr
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
 
+from difftransformer.compare.records import RunRecord
 from difftransformer.compare.report import build_report
+from difftransformer.compare.settings import ComparisonSettings
 from difftransformer.compare.variants import Variant
 from difftransformer.convert.upcycle import initial_model
 from difftransformer.eval.common import mean_token_nll
@@ -30,30 +30,6 @@ from difftransformer.train.runner import SUMMARY_JSON, train_model
 from difftransformer.train.settings import tokens_per_step
 
 
-@dataclass
-class RunRecord:
-    """One trained model: which variant (its spec, e.g. "diff(subln=none)"), seed and scale, where it lives, and
-    what it scored (``suite``: what :func:`difftransformer.eval.suite.run_suite` returned; ``harness``: the
-    lm-evaluation-harness tasks' metrics, ``{"options": ..., "metrics": {task: {metric: value}}}``, when asked)."""
-
-    variant: str
-    seed: int
-    scale: str
-    folder: Path
-    parameters: int
-    tokens: int
-    tokens_per_second: float
-    train_seconds: float
-    validation_loss: float
-    test_loss: float
-    suite: dict
-    harness: dict = dataclasses.field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        """The record as JSON types (the folder as a string)."""
-        return {**dataclasses.asdict(self), "folder": str(self.folder)}
-
-
 def train_and_evaluate(
     data: PreparedData,
     preset: Preset,
@@ -62,10 +38,10 @@ def train_and_evaluate(
     scale: str,
     folder: Path,
     settings: SuiteSettings,
-    args: argparse.Namespace,
+    comparison: ComparisonSettings,
     training: dict[str, Any],
 ) -> RunRecord:
-    """Train one model (resuming a killed run, reusing a finished one; with ``args.init_from`` the pretrained
+    """Train one model (resuming a killed run, reusing a finished one; with ``comparison.init_from`` the pretrained
     model, upcycled to the variant's kind) and evaluate it on the test split: test loss and the evaluation suite,
     whose files go to FOLDER/eval/TASK/ (a task already run on this model with the same settings is reused from
     evaluation.json). ``training``: the command line's training options beyond the
@@ -74,8 +50,8 @@ def train_and_evaluate(
     run_settings = preset.training_settings(**{**training, "output_dir": str(folder), "seed": seed})
     if not (folder / SUMMARY_JSON).is_file():
         train_model(
-            initial_model(args.init_from, variant.kind, seed=seed)
-            if args.init_from
+            initial_model(comparison.init_from, variant.kind, seed=seed)
+            if comparison.init_from
             else variant.config(preset.model_for(variant.kind, tokenizer)),
             data.train_dataset(),
             data.validation_blocks[: preset.eval_blocks],
@@ -100,7 +76,7 @@ def train_and_evaluate(
         if all(earlier.get(key) == value for key, value in trained.items()):
             previous, earlier_harness = earlier.get("suite"), earlier.get("harness") or {}
     test_loss = mean_token_nll(
-        model, data.test_blocks[: args.test_blocks], run_settings.per_device_eval_batch_size
+        model, data.test_blocks[: comparison.test_blocks], run_settings.per_device_eval_batch_size
     )
     suite = run_suite(model, tokenizer, data.test_texts, settings, folder / "eval", previous=previous)
     tqdm.write(
@@ -108,13 +84,13 @@ def train_and_evaluate(
         + ", ".join(f"{task} {sec:.1f}" for task, sec in suite["seconds"].items())
     )
     harness = {}
-    if args.lm_eval_tasks:
-        options = dict(tasks=list(args.lm_eval_tasks), include_path=args.lm_eval_include, limit=args.lm_eval_limit,
-                       batch_size=args.lm_eval_batch_size, seed=seed)  # fmt: skip
+    if comparison.lm_eval_tasks:
+        options = dict(tasks=list(comparison.lm_eval_tasks), include_path=comparison.lm_eval_include, limit=comparison.lm_eval_limit,
+                       batch_size=comparison.lm_eval_batch_size, seed=seed)  # fmt: skip
         if earlier_harness.get("options") == options:
             harness = earlier_harness
         else:
-            metrics = run_harness(folder, include_defaults=args.lm_eval_include is None, **options)
+            metrics = run_harness(folder, include_defaults=comparison.lm_eval_include is None, **options)
             harness = {"options": options, "metrics": metrics}
     record = RunRecord(
         variant=variant.spec(),
@@ -131,16 +107,14 @@ def train_and_evaluate(
 
 
 def scaled_presets(
-    preset: Preset, args: argparse.Namespace, training: dict[str, Any]
+    preset: Preset, comparison: ComparisonSettings, training: dict[str, Any]
 ) -> list[tuple[str, Preset]]:
     """(label, preset) for every scale to train: the preset itself, each --sizes width, or each --token-budgets
     (``training``: the command line's other training options, which set the tokens per step with the preset's)."""
-    if args.sizes and args.token_budgets:
-        raise ValueError("give --sizes or --token-budgets, not both")
-    if args.sizes:
+    if comparison.sizes:
         head_width = preset.hidden_size // (2 * preset.diff_heads)
         scales = []
-        for width in args.sizes:
+        for width in comparison.sizes:
             if width < 2 * head_width or width % (2 * head_width):
                 raise ValueError(
                     f"--sizes: each width must be a multiple of 2 x head width {head_width}; got {width}"
@@ -157,11 +131,11 @@ def scaled_presets(
                 )
             )
         return scales
-    if args.token_budgets:
-        settings = preset.training_settings(**{**training, "output_dir": args.output_dir})
+    if comparison.token_budgets:
+        settings = preset.training_settings(**{**training, "output_dir": comparison.output_dir})
         step_tokens = tokens_per_step(preset.block_size, settings)
         scales = []
-        for tokens in args.token_budgets:
+        for tokens in comparison.token_budgets:
             steps = max(1, round(tokens / step_tokens))
             warmup = min(preset.training["warmup_steps"], max(1, steps // 10))
             scales.append(
@@ -172,38 +146,38 @@ def scaled_presets(
 
 
 def run_comparison(
-    data: PreparedData, preset: Preset, args: argparse.Namespace, training: dict[str, Any]
+    data: PreparedData, preset: Preset, comparison: ComparisonSettings, training: dict[str, Any]
 ) -> Path:
-    """Train and evaluate every (scale, variant, seed), write the report into ``args.output_dir``; returns the
+    """Train and evaluate every (scale, variant, seed), write the report into ``comparison.output_dir``; returns the
     path of report.md. ``training``: the command line's training options beyond the preset's."""
-    out = Path(args.output_dir)
+    out = Path(comparison.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     data.tokenizer.save_pretrained(str(out / "tokenizer"))
-    seeds = args.seeds if args.seeds is not None else [training["seed"]]
+    seeds = comparison.seeds if comparison.seeds is not None else [training["seed"]]
     scales = []
-    for scale, scaled in scaled_presets(preset, args, training):
+    for scale, scaled in scaled_presets(preset, comparison, training):
         settings = SuiteSettings(
-            tasks=args.tasks or TASKS,
+            tasks=comparison.tasks or TASKS,
             context_length=scaled.block_size,
             needle_digits=scaled.needle_digits,
-            needles=tuple(tuple(pair) for pair in args.needles),
-            light={"needle": {"samples": args.needle_samples}},
+            needles=tuple(tuple(pair) for pair in comparison.needles),
+            light={"needle": {"samples": comparison.needle_samples}} if comparison.needle_samples else {},
         )
         # Refuse settings the held-out text or the tokenizer cannot serve before anything is trained; without
         # --tasks, leave out the tasks that cannot run at this block size and say why.
-        skipped: dict[str, str] | None = None if args.tasks else {}
+        skipped: dict[str, str] | None = None if comparison.tasks else {}
         fitting = suite_options(settings, data.tokenizer, data.test_texts, skipped)
         for task, reason in (skipped or {}).items():
             print(f"compare: {task} left out at block size {scaled.block_size}: {reason}")
         settings = dataclasses.replace(settings, tasks=tuple(fitting))
         scales.append((scale, scaled, settings))
-    plan = [(*scale, variant, seed) for scale in scales for seed in seeds for variant in args.variants]
+    plan = [(*scale, variant, seed) for scale in scales for seed in seeds for variant in comparison.variants]
     records = []
     for scale, scaled, settings, variant, seed in tqdm(plan, desc="compare", unit="run"):
         folder = out / "runs" / f"{scale}-{variant.slug}-seed{seed}"
         records.append(
-            train_and_evaluate(data, scaled, variant, seed, scale, folder, settings, args, training)
+            train_and_evaluate(data, scaled, variant, seed, scale, folder, settings, comparison, training)
         )
     write_json(out / "results.json", {"runs": [r.to_json() for r in records]})
-    markdown, _ = build_report(records, args.variants, data, preset, args, out).write(out)
+    markdown, _ = build_report(records, comparison.variants, data, preset, comparison, out).write(out)
     return markdown
