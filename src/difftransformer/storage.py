@@ -6,6 +6,7 @@ reader never sees half a file and every cache lands in the same folder.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -13,6 +14,15 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes, read in 1 MiB chunks (hex)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def cache_dir() -> Path:

@@ -25,14 +25,13 @@ import torch
 from tqdm.auto import tqdm
 
 from difftransformer.data.corpus import CorpusError
-from difftransformer.storage import atomic_write
+from difftransformer.storage import atomic_write, file_sha256
 from difftransformer.storage import cache_dir as default_cache
 
 _CACHE_FORMAT = 2  # bump when the packing or the file layout changes, so old caches are not reused
 _DTYPE = np.dtype("<i8")  # the ids as training takes them: int64, little-endian
 _BATCH_CHARACTERS = 1 << 20  # documents are tokenised in batches of about this many characters
 _MAX_BATCH_DOCUMENTS = 4096
-_READ_CHUNK = 16 << 20  # bytes per read when checksumming a cache file
 
 Texts = Sequence[str] | Callable[[], Iterable[str]]
 
@@ -207,7 +206,7 @@ def _read_cache(folder: Path, key: str) -> np.ndarray | None:
         expected = shape[0] * shape[1] * dtype.itemsize
         if data_path.stat().st_size != expected:
             raise ValueError(f"{data_path.stat().st_size} bytes, expected {expected} for shape {list(shape)}")
-        if _file_sha256(data_path) != meta["sha256"]:
+        if file_sha256(data_path) != meta["sha256"]:
             raise ValueError("data sha256 differs from the recorded one")
     except (OSError, ValueError, KeyError, TypeError) as err:
         warnings.warn(
@@ -216,14 +215,6 @@ def _read_cache(folder: Path, key: str) -> np.ndarray | None:
         return None
     # Copy-on-write: writable in memory (torch views it without a warning), the file never changes.
     return np.memmap(data_path, dtype=dtype, mode="c", shape=shape)
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_READ_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _write_cache(
@@ -250,7 +241,7 @@ def _write_cache(
             handle.truncate(n_blocks * block_size * _DTYPE.itemsize)
             handle.flush()
             os.fsync(handle.fileno())
-        digest = _file_sha256(Path(tmp))
+        digest = file_sha256(Path(tmp))
         os.replace(tmp, folder / f"{key}.bin")
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

