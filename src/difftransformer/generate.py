@@ -49,16 +49,27 @@ def check(args: argparse.Namespace) -> None:
         raise ValueError(f"--top-p must be in (0, 1]; got {args.top_p}")
 
 
-def generate_text(model, tokenizer, prompt: str, args: argparse.Namespace) -> str:
-    """The prompt's continuation (without the prompt)."""
+def generate_text(
+    model,
+    tokenizer,
+    prompt: str,
+    *,
+    max_new_tokens: int = 100,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+) -> str:
+    """The prompt's continuation (without the prompt): greedy at ``temperature`` 0, else sampled (optionally among
+    the ``top_k`` most likely tokens or the ``top_p`` nucleus) from ``seed``."""
     ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
     if ids.shape[1] == 0:
         ids = torch.tensor([[tokenizer.eos_token_id]])
-    sample = args.temperature > 0
-    options = dict(do_sample=sample, max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.eos_token_id)
+    sample = temperature > 0
+    options = dict(do_sample=sample, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.eos_token_id)
     if sample:
-        options.update(temperature=args.temperature, top_k=args.top_k or 0, top_p=args.top_p or 1.0)
-    set_seed(args.seed)
+        options.update(temperature=temperature, top_k=top_k or 0, top_p=top_p or 1.0)
+    set_seed(seed)
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), **options)
     return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
@@ -70,5 +81,9 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(args.model, local_files_only=True).eval()
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
-    print(prompt + generate_text(model, tokenizer, prompt, args))
+    continuation = generate_text(
+        model, tokenizer, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+        top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+    )  # fmt: skip
+    print(prompt + continuation)
     return 0
