@@ -53,7 +53,7 @@ def train_and_evaluate(
             initial_model(comparison.init_from, variant.kind, seed=seed)
             if comparison.init_from
             else variant.config(preset.model_for(variant.kind, tokenizer)),
-            data.train_dataset(),
+            data.train_dataset,
             data.validation_blocks[: preset.eval_blocks],
             tokenizer,
             run_settings,

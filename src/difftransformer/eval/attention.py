@@ -37,7 +37,7 @@ from difftransformer.eval.logits import attention_logits
 from difftransformer.eval.needle import (
     NeedleOptions,
     fit_needle_lengths,
-    needles_problem,
+    require_needles_fit,
     validate_needle_run,
 )
 from difftransformer.eval.options import flag, option, with_settings
@@ -142,10 +142,7 @@ def run_attention(
     (context_length,), [(num_needles, num_queries)] = options.context_lengths, options.pairs
     depths, samples, per_layer, seed = options.depths, options.samples, options.per_layer, options.seed
     stream = tokenizer("\n".join(haystack_texts), add_special_tokens=False)["input_ids"]
-    validate_needle_run(
-        model, tokenizer, len(stream), [context_length], [(num_needles, num_queries)],
-        options.needle_template, options.question_template, options.needle_digits,
-    )  # fmt: skip
+    validate_needle_run(model, tokenizer, len(stream), options)
     # The gold answer's tokens follow the prompt (teacher forcing) as a greedy answer would: like needle's decoding,
     # only the prompt is held to max_position_embeddings (validate_needle_run), so a model trained on blocks of
     # exactly the context length is read at that length.
@@ -217,9 +214,7 @@ class AttentionTask(Task):
         options = dataclasses.replace(
             light, context_lengths=[suite.context_length], needle_digits=suite.needle_digits, seed=suite.seed
         )
-        problem = needles_problem(suite.tokenizer, options)
-        if problem:
-            raise ValueError(problem)
+        require_needles_fit(suite.tokenizer, options)
         return options
 
     def run(

@@ -106,23 +106,22 @@ def run_mqar(
     num_pairs, sequences, batch_size = options.num_pairs, options.sequences, options.batch_size
     special = frozenset(getattr(tokenizer, "all_special_ids", None) or ())
     vocabulary = mqar_vocabulary(int(model.config.vocab_size), options.first_id, special)
-    for n in num_pairs:
-        settings = MqarSettings(n, options.queries(n), options.length)
+    settings_per_count = [MqarSettings(n, options.queries(n), options.length) for n in num_pairs]
+    for settings in settings_per_count:
         check_context_length(model, settings.tokens, "--num-pairs / --length (tokens per sequence)")
         try:
             settings.check(vocabulary)
         except ValueError as err:
-            raise ValueError(f"--num-pairs {n} / --length {options.length}: {err}") from None
+            raise ValueError(f"--num-pairs {settings.num_pairs} / --length {options.length}: {err}") from None
     rng = np.random.default_rng(options.seed)
     rows = []
-    for n in tqdm(num_pairs, desc="mqar", unit="setting", disable=not progress):
-        settings = MqarSettings(n, options.queries(n), options.length)
+    for settings in tqdm(settings_per_count, desc="mqar", unit="setting", disable=not progress):
         scores, done = [], 0
         while done < sequences:
             size = min(batch_size, sequences - done)
             scores.append(mqar_accuracy(model, make_mqar_batch(rng, size, settings, vocabulary)) * size)
             done += size
-        rows.append(dict(num_pairs=n, num_queries=settings.queries, tokens=settings.tokens,
+        rows.append(dict(num_pairs=settings.num_pairs, num_queries=settings.queries, tokens=settings.tokens,
                          accuracy=sum(scores) / sequences))  # fmt: skip
     results = dict(task="mqar", sequences=sequences, seed=options.seed, length=options.length, rows=rows)
     if options.allocation:

@@ -115,29 +115,22 @@ def needles_problem(tokenizer, options: NeedleOptions) -> str | None:
     return None
 
 
-def validate_needle_run(
-    model,
-    tokenizer,
-    stream_len,
-    context_lengths,
-    configs,
-    needle_template,
-    question_template,
-    number_digits=6,
-):
+def require_needles_fit(tokenizer, options: NeedleOptions) -> None:
+    """ValueError (from :func:`needles_problem`) unless ``options``' needles and question fit its shortest context."""
+    problem = needles_problem(tokenizer, options)
+    if problem:
+        raise ValueError(problem)
+
+
+def validate_needle_run(model, tokenizer, stream_len: int, options: NeedleOptions) -> None:
     """Refuse impossible grids before any decoding: lengths the model cannot take, needles that cannot fit."""
+    context_lengths = options.context_lengths
     for length in context_lengths:
         check_context_length(model, length)
-    for length in context_lengths:
-        for n, r in configs:
-            if n > len(CITIES):
-                raise ValueError(f"--needles: N={n} exceeds the {len(CITIES)} available cities")
-            need = needle_tokens(tokenizer, n, r, needle_template, question_template, number_digits)
-            if need > length:
-                raise ValueError(
-                    f"--needles {n}:{r} needs about {need} tokens of needles and question, more than the "
-                    f"context length {length}"
-                )
+    for n, _ in options.pairs:
+        if n > len(CITIES):
+            raise ValueError(f"--needles: N={n} exceeds the {len(CITIES)} available cities")
+    require_needles_fit(tokenizer, options)
     if stream_len < max(context_lengths):
         raise ValueError(
             f"the haystack gives {stream_len} tokens; --context-lengths needs {max(context_lengths)}"
@@ -225,16 +218,7 @@ def run_needle(
     samples, seed, number_digits = options.samples, options.seed, options.needle_digits
     needle_template, question_template = options.needle_template, options.question_template
     stream = encode(tokenizer, "\n".join(haystack_texts))
-    validate_needle_run(
-        model,
-        tokenizer,
-        len(stream),
-        context_lengths,
-        needle_configs,
-        needle_template,
-        question_template,
-        number_digits,
-    )
+    validate_needle_run(model, tokenizer, len(stream), options)
     rng = np.random.default_rng(seed)
     total = len(needle_configs) * len(context_lengths) * len(depths) * samples
     cells = []
@@ -314,9 +298,7 @@ class NeedleTask(Task):
             light, context_lengths=[suite.context_length], needles=[f"{n}:{r}" for n, r in suite.needles],
             needle_digits=suite.needle_digits, seed=suite.seed,
         )  # fmt: skip
-        problem = needles_problem(suite.tokenizer, options)
-        if problem:
-            raise ValueError(problem)
+        require_needles_fit(suite.tokenizer, options)
         return options
 
     def run(self, model, tokenizer, texts, options: NeedleOptions, output_dir: Path, progress: bool) -> dict:

@@ -150,7 +150,11 @@ def run_quant(
     sequences = torch.tensor(list(token_ids[:need]), dtype=torch.long).view(num_sequences, length)
     check_needle = haystack_texts is not None and options.needle
     # Every width scores the same sequences (same seed).
-    mqar_check = MqarOptions(num_pairs=[options.mqar_pairs or 1], seed=options.seed, allocation=0)
+    mqar_check = (
+        MqarOptions(num_pairs=[options.mqar_pairs], seed=options.seed, allocation=0)
+        if options.mqar_pairs
+        else None
+    )
     rows = []
     for width in tqdm([None, *bits], desc="quant", unit="width", disable=not progress):
         with attention_logits(model, QuantizeLogits(width, granularity)):
@@ -161,7 +165,7 @@ def run_quant(
                 )
                 row["needle_accuracy"] = float(np.mean(list(needle["by_config"].values())))
                 row["needle_by_config"] = needle["by_config"]
-            if options.mqar_pairs:
+            if mqar_check is not None:
                 recall = run_mqar(model, tokenizer, mqar_check, progress=False)
                 row["mqar_accuracy"] = recall["rows"][0]["accuracy"]
         rows.append(row)

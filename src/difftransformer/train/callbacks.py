@@ -88,9 +88,14 @@ class CsvMetrics(TrainerCallback):
         return control
 
     def _truncate_after(self, step: int) -> None:
-        rows = read_metrics(self.path) if self.path.exists() else []
+        rows, current = [], False
+        if self.path.exists():
+            rows = read_metrics(self.path)
+            with open(self.path, newline="") as handle:
+                current = handle.readline().strip() == ",".join(
+                    CSV_FIELDS
+                )  # an earlier file gets the new header
         kept = [row for row in rows if int(row["step"]) <= step]
-        current = self.path.exists() and self.path.open().readline().strip() == ",".join(CSV_FIELDS)
         if len(kept) != len(rows) or not current:
             self._rewrite(kept)
 

@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = train_model(
             model,
-            data.train_dataset(),
+            data.train_dataset,
             data.validation_blocks[: preset.eval_blocks],
             data.tokenizer,
             settings,

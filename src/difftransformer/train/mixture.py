@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from difftransformer.data.induction import make_induction_batch
-from difftransformer.data.mqar import MqarSettings, make_mqar_batch, mqar_vocabulary
+from difftransformer.data.mqar import MqarSettings, MqarVocabulary, make_mqar_batch, mqar_vocabulary
 from difftransformer.train.retrieval import NeedleRows
 
 
@@ -69,18 +69,11 @@ class RecallMix:
                 f"mqar_pairs must be (lowest, highest) with 1 <= lowest <= highest; got {self.mqar_pairs}"
             )
 
-    @property
-    def active(self) -> bool:
-        """Whether any row is replaced."""
-        return self.needle_fraction + self.mqar_fraction + self.induction_fraction > 0
-
-    def check(self, block_size: int, vocab_size: int, special_ids: frozenset[int] = frozenset()) -> None:
-        """ValueError naming the field when blocks of ``block_size`` tokens from this vocabulary cannot hold the
-        mix's rows."""
+    def check(self, block_size: int, vocabulary: MqarVocabulary) -> None:
+        """ValueError naming the field when blocks of ``block_size`` tokens cannot hold the mix's rows, MQAR rows
+        drawn from ``vocabulary``."""
         if self.mqar_fraction:
-            MqarSettings(self.mqar_pairs[1], None, block_size).check(
-                mqar_vocabulary(vocab_size, special_ids=special_ids)
-            )
+            MqarSettings(self.mqar_pairs[1], None, block_size).check(vocabulary)
         if self.induction_fraction:
             make_induction_batch(np.random.default_rng(0), 1, block_size, np.arange(2))
 
@@ -106,13 +99,13 @@ class MixedBlocks(Blocks):
         needles: NeedleRows | None = None,
     ) -> None:
         super().__init__(blocks, vocab_size)
-        mix.check(blocks.shape[1], vocab_size, special_ids)
+        self.vocabulary = mqar_vocabulary(vocab_size, special_ids=special_ids)
+        mix.check(blocks.shape[1], self.vocabulary)
         if mix.needle_fraction and needles is None:
             raise ValueError("needles: a NeedleRows is needed for needle_fraction > 0")
         self.needles = needles
         self.mix = mix
         self.seed = seed
-        self.vocabulary = mqar_vocabulary(vocab_size, special_ids=special_ids)
         self.recall_ids = np.concatenate([self.vocabulary.keys, self.vocabulary.values])
 
     def kind(self, index: int) -> str:

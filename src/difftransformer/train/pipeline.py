@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from difftransformer.train.settings import DataOptions
 class PreparedData:
     """Token blocks for training, validation (during training) and testing (after), the tokenizer, the held-out
     test documents (haystacks for retrieval checks, a list of str in memory), and the recall rows drawn into training
-    (:meth:`train_dataset`; needles with ``needle_digits``-digit numbers).
+    (:attr:`train_dataset`; needles with ``needle_digits``-digit numbers).
 
     Each ``*_blocks`` is an int64 ``torch.Tensor`` of shape (n, block_size) that views a memory-mapped cache file
     (:func:`difftransformer.data.packed_blocks`; copy-on-write, so indexing reads only the rows asked for and
@@ -35,9 +36,11 @@ class PreparedData:
     needle_digits: int = 6
     seed: int = 0
 
+    @functools.cached_property
     def train_dataset(self) -> MixedBlocks:
         """The training blocks with :attr:`recall`'s rows drawn in (from the data's seed: every run alike); needle
-        haystacks come from the training text itself."""
+        haystacks come from the training text itself. Built once and shared by every run of a comparison (it holds
+        no per-run state)."""
         needles = None
         if self.recall.needle_fraction:
             block_size = self.train_blocks.shape[1]
@@ -69,7 +72,7 @@ def prepare_data(
     """Load ``data`` (None: the built-in Shakespeare), train a byte-level BPE on its training split (or load
     ``tokenizer_path``) and pack every split into blocks; ``recall`` rows (multi-needle retrieval examples whose
     haystacks come from the training text, MQAR and induction rows) are drawn in as the data is served
-    (:meth:`PreparedData.train_dataset`). The corpus is streamed, never
+    (:attr:`PreparedData.train_dataset`). The corpus is streamed, never
     held in memory; ``num_proc`` processes tokenise it (default: the CPU count) when its blocks are not cached."""
     corpus = open_corpus(data, cache_dir=cache_dir, seed=seed)
     tokenizer = (
