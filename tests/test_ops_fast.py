@@ -88,7 +88,7 @@ def test_auto_picks_by_shape_dtype_and_device():
 
 @st.composite
 def fused_problems(draw):
-    """Unmasked float32 problems, long enough to span several tiles of the (shrunk) tile sizes."""
+    """Unmasked float32 problems, long enough to span several blocks of the (shrunk) query block sizes."""
     kv_heads = draw(st.integers(1, 2))
     heads = kv_heads * draw(st.integers(1, 3))
     q_len = draw(st.integers(1, 40))
@@ -99,12 +99,12 @@ def fused_problems(draw):
     )  # fmt: skip
 
 
-@given(problem=fused_problems(), tiles=st.sampled_from([(4, 8), (8, 4), (64, 128)]))
-def test_fused_cpu_matches_reference_forward_backward(problem, tiles):
-    """Small tiles put query rows and causal edges on every tile boundary."""
+@given(problem=fused_problems(), block=st.sampled_from([1, 3, 8, None]))
+def test_fused_cpu_matches_reference_forward_backward(problem, block):
+    """Small query blocks put causal edges on every block boundary; None keeps the budget's choice."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(fused_cpu, "BLOCK_Q", tiles[0])
-        patch.setattr(fused_cpu, "BLOCK_K", tiles[1])
+        if block is not None:
+            patch.setattr(fused_cpu, "query_block", lambda keys: block)
         check_against_reference(problem, lambda *a, attn_mask, **kw: diff_attention_fused_cpu(*a, **kw))
 
 

@@ -1,11 +1,11 @@
 """Fused differential attention for CPU float32: a C++ kernel built on first use, forward and backward.
 
-Both maps of a head are streamed over key tiles with an online softmax and never materialized; the backward
-pass recomputes them from the saved log-sum-exps. Per (query, key) pair the forward computes two d-wide logits
-and two 2d-wide P V products, the backward one combined P^T dO, one dO V^T and the four d-wide gradient products:
-the matched baseline's multiply-adds in the backward, 1.5x its P V work in the forward (docs/performance.md), no
-repeated K/V,
-no concatenation, and the output is written with heads merged so ``o_proj`` reads it as a view.
+Each task takes a block of query rows of one head and forms both maps' logits for the keys those rows see in
+per-thread scratch memory of bounded size (:func:`query_block`), so each row's softmax is exact, the maps are
+combined into ``A1 - lambda A2`` before V is read, and one product with V gives the output: the matched baseline's
+multiply-adds, forward and backward (docs/performance.md). The backward recomputes the maps from the saved
+log-sum-exps; nothing of size (T, S) is kept, no K/V is repeated, and the output is written with heads merged so
+``o_proj`` reads it as a view.
 
 The kernel (``csrc/diff_attention_cpu.cpp``) is compiled with :func:`torch.utils.cpp_extension.load` the first
 time it is needed (cached in ``extensions/`` under :func:`difftransformer.storage.cache_dir`, one build per kernel
@@ -32,8 +32,16 @@ from difftransformer.ops.norm import HeadNorm
 from difftransformer.storage import cache_dir
 
 SOURCE = Path(__file__).with_name("csrc") / "diff_attention_cpu.cpp"
-# Tile sizes (queries x keys), measured with `difftransformer bench` at 512-2048 tokens (docs/performance.md).
-BLOCK_Q, BLOCK_K = 64, 128
+# Scratch floats per map and task (query rows x keys): 2 MiB. Longer rows get fewer query rows per task; fewer
+# than 64 rows made the products with K and V slower than the cache misses a larger tile costs (measured at 2048
+# and 8192 keys, docs/performance.md). The forward keeps two such tiles per thread, the backward three.
+SCRATCH_FLOATS = 1 << 19
+MAX_BLOCK_Q, MIN_BLOCK_Q = 64, 8
+
+
+def query_block(keys: int) -> int:
+    """Query rows per task for ``keys`` keys: as many as the scratch budget allows, between 8 and 64."""
+    return max(MIN_BLOCK_Q, min(MAX_BLOCK_Q, SCRATCH_FLOATS // max(keys, 1)))
 
 
 def _build_directory(flags: list[str]) -> Path:
@@ -94,8 +102,8 @@ class _FusedDiffAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, lambda_full, scale: float, causal: bool):
         lam = _lambda_value(lambda_full)
-        out, o2, lse = _extension().forward(q, k, v, lam, scale, causal, BLOCK_Q, BLOCK_K)
-        ctx.save_for_backward(q, k, v, out, o2, lse)
+        out, lse = _extension().forward(q, k, v, lam, scale, causal, query_block(k.shape[2]))
+        ctx.save_for_backward(q, k, v, lse)
         ctx.lam, ctx.scale, ctx.causal = lam, scale, causal
         ctx.lambda_is_tensor = isinstance(lambda_full, torch.Tensor)
         if ctx.lambda_is_tensor:
@@ -104,14 +112,10 @@ class _FusedDiffAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, out, o2, lse = ctx.saved_tensors
+        q, k, v, lse = ctx.saved_tensors
         grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
-        # rowsum(dO * O_j): O1 = out + lambda O2 is recovered from the output instead of being stored.
-        delta2 = (grad_out * o2).sum(-1)
-        delta1 = (grad_out * out).sum(-1) + ctx.lam * delta2
-        delta = torch.stack([delta1, delta2])
-        dq, dk, dv = _extension().backward(
-            grad_out, q, k, v, lse, delta, ctx.lam, ctx.scale, ctx.causal, BLOCK_Q, BLOCK_K
+        dq, dk, dv, delta2 = _extension().backward(
+            grad_out, q, k, v, lse, ctx.lam, ctx.scale, ctx.causal, query_block(k.shape[2])
         )
         batch, heads, kv_heads = q.shape[0], q.shape[1], k.shape[1]
         if heads != kv_heads:  # per query head -> per KV group (heads of a group are adjacent)

@@ -1,10 +1,14 @@
-// Fused differential attention for CPU float32: both softmax maps of a head streamed tile by tile, never
-// materialized, forward and backward (see ops/fused_cpu.py for the contract and docs/performance.md for the cost).
+// Fused differential attention for CPU float32, forward and backward (see ops/fused_cpu.py for the contract and
+// docs/performance.md for the cost). A task takes a block of query rows of one head and forms both maps'
+// logits for every key those rows see in per-thread scratch memory of bounded size (never the whole (T, S)
+// map; ops/fused_cpu.py chooses the rows): each row's softmax is then exact, the maps combine into
+// A1 - lambda A2 before V is touched, and one product with V makes the output, so the multiply-adds are the
+// matched baseline's.
 //
 // Tensors use the paired layout of ops/common.py: q (B, h, T, 2d) = Q1 | Q2, k (B, h_kv, S, 2d) = K1 | K2,
 // v (B, h_kv, S, 2d), any strides with the last dimension contiguous. Causal masking is aligned bottom-right
-// (query t sits at key position t + S - T). Tile products go to the BLAS that PyTorch links (sgemm_), called
-// inside at::parallel_for so it runs single-threaded per tile, as PyTorch's own flash-attention kernel does.
+// (query t sits at key position t + S - T). Products go to the BLAS that PyTorch links (sgemm_), called
+// inside at::parallel_for so it runs single-threaded per task, as PyTorch's own flash-attention kernel does.
 
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
@@ -87,129 +91,117 @@ void check_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::T
   }
 }
 
-// Keys a query row may see in the key tile [j0, j0 + cols): all of them, or up to its own position if causal.
-inline int visible(bool causal, int64_t query_pos, int64_t j0, int cols) {
-  if (!causal) return cols;
-  return static_cast<int>(std::clamp<int64_t>(query_pos + 1 - j0, 0, cols));
+// Keys query row ``query_pos`` sees among the first ``keys``: all of them, or up to its own position if causal.
+inline int64_t visible(bool causal, int64_t query_pos, int64_t keys) {
+  return causal ? std::clamp<int64_t>(query_pos + 1, 0, keys) : keys;
 }
 
-// One online-softmax step for one row of one map: exponentiate the visible logits in place (zero the rest),
-// rescale the running sum and accumulator by the change of the running max.
-inline void online_softmax_row(float* s, int valid, int cols, float& m, float& l, float* acc, int width) {
-  if (valid == 0) {
-    std::fill(s, s + cols, 0.0f);
-    return;
-  }
-  float row_max = s[0];
-#pragma omp simd reduction(max : row_max)
-  for (int j = 1; j < valid; ++j) row_max = std::max(row_max, s[j]);
-  const float m_new = std::max(m, row_max);
-  const float rescale = exp_nonpositive(m - m_new);
+// Leading dimension of a scratch row of ``keys`` floats: a multiple of 16 keeps every row 64-byte aligned.
+inline int64_t padded(int64_t keys) { return (keys + 15) / 16 * 16; }
+
+// Largest of n floats. Sixteen running maxima, because GCC leaves a max reduction scalar (one vmaxss per element,
+// each waiting for the last) even under `omp simd`, which made it the forward's costliest loop.
+inline float row_max(const float* s, int64_t n) {
+  constexpr int lanes = 16;
+  float m[lanes];
+  std::fill(m, m + lanes, -1e30f);
+  int64_t j = 0;
+  for (; j + lanes <= n; j += lanes)
+    for (int c = 0; c < lanes; ++c) m[c] = std::max(m[c], s[j + c]);
+  for (int c = 0; j < n; ++j, ++c) m[c] = std::max(m[c], s[j]);
+  return *std::max_element(m, m + lanes);
+}
+
+// Softmax of one row's ``valid`` logits in place, returning the log-sum-exp (0 for a row that sees no key).
+inline float softmax_row(float* s, int64_t valid) {
+  if (valid == 0) return 0.0f;
+  const float m = row_max(s, valid);
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-  for (int j = 0; j < valid; ++j) {
-    s[j] = exp_nonpositive(s[j] - m_new);
+  for (int64_t j = 0; j < valid; ++j) {
+    s[j] = exp_nonpositive(s[j] - m);
     sum += s[j];
   }
-  std::fill(s + valid, s + cols, 0.0f);
-  l = l * rescale + sum;
-  if (rescale != 1.0f)
-    for (int c = 0; c < width; ++c) acc[c] *= rescale;
-  m = m_new;
+  const float inv = 1.0f / sum;
+#pragma omp simd
+  for (int64_t j = 0; j < valid; ++j) s[j] *= inv;
+  return m + std::log(sum);
 }
 
 }  // namespace
 
-// Returns out (B, h, T, 2d) = O1 - lambda O2 (memory ordered (B, T, h, 2d), so merging heads is a view), O2
-// (B, h, T, 2d) and the log-sum-exps (2, B, h, T) of both maps, which the backward pass needs.
+// Returns out (B, h, T, 2d) = (A1 - lambda A2) V (memory ordered (B, T, h, 2d), so merging heads is a view) and
+// the log-sum-exps (2, B, h, T) of both maps, which the backward pass needs. ``block_q`` query rows per task.
 std::vector<torch::Tensor> diff_attention_forward(torch::Tensor q, torch::Tensor k, torch::Tensor v,
-                                                  double lambda_full, double scale, bool causal,
-                                                  int64_t block_q, int64_t block_k) {
+                                                  double lambda_full, double scale, bool causal, int64_t block_q) {
   check_inputs(q, k, v);
   const int64_t batch = q.size(0), heads = q.size(1), q_len = q.size(2), width = q.size(3);
   const int64_t kv_heads = k.size(1), kv_len = k.size(2), d = width / 2, rep = heads / kv_heads;
-  const int64_t offset = kv_len - q_len, q_blocks = (q_len + block_q - 1) / block_q;
+  const int64_t offset = kv_len - q_len, q_blocks = (q_len + block_q - 1) / block_q, ld = padded(kv_len);
   auto out = torch::empty({batch, q_len, heads, width}, q.options()).transpose(1, 2);
-  auto o2 = torch::empty({batch, heads, q_len, width}, q.options());
   auto lse = torch::empty({2, batch, heads, q_len}, q.options());
-  const Strided Q = strided(q), K = strided(k), V = strided(v), O = strided(out), O2 = strided(o2);
+  const Strided Q = strided(q), K = strided(k), V = strided(v), O = strided(out);
   float* lse_data = lse.data_ptr<float>();
   const float lam = static_cast<float>(lambda_full), alpha = static_cast<float>(scale);
   const int64_t lse_map = batch * heads * q_len;
 
   at::parallel_for(0, batch * heads * q_blocks, 1, [&](int64_t begin, int64_t end) {
-    Scratch s1(block_q * block_k), s2(block_q * block_k), acc1(block_q * width), acc2(block_q * width);
-    std::vector<float> m1(block_q), m2(block_q), l1(block_q), l2(block_q);
+    Scratch s1(block_q * ld), s2(block_q * ld);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / (heads * q_blocks), i = item / q_blocks % heads, t0 = item % q_blocks * block_q;
       const int rows = static_cast<int>(std::min(block_q, q_len - t0));
       const float* qp = Q.at(b, i, t0);
       const float* kp = K.at(b, i / rep, 0);
-      const float* vp = V.at(b, i / rep, 0);
-      const int64_t key_end = causal ? std::min(kv_len, t0 + rows + offset) : kv_len;
-      std::fill(m1.begin(), m1.end(), -1e30f);
-      std::fill(m2.begin(), m2.end(), -1e30f);
-      std::fill(l1.begin(), l1.end(), 0.0f);
-      std::fill(l2.begin(), l2.end(), 0.0f);
-      std::fill(acc1.data(), acc1.data() + block_q * width, 0.0f);
-      std::fill(acc2.data(), acc2.data() + block_q * width, 0.0f);
-      for (int64_t j0 = 0; j0 < key_end; j0 += block_k) {
-        const int cols = static_cast<int>(std::min(block_k, key_end - j0));
-        gemm(false, true, rows, cols, d, alpha, qp, Q.row, kp + j0 * K.row, K.row, 0.0f, s1.data(), block_k);
-        gemm(false, true, rows, cols, d, alpha, qp + d, Q.row, kp + j0 * K.row + d, K.row, 0.0f, s2.data(), block_k);
-        for (int r = 0; r < rows; ++r) {
-          const int valid = visible(causal, t0 + r + offset, j0, cols);
-          online_softmax_row(&s1[r * block_k], valid, cols, m1[r], l1[r], &acc1[r * width], width);
-          online_softmax_row(&s2[r * block_k], valid, cols, m2[r], l2[r], &acc2[r * width], width);
-        }
-        gemm(false, false, rows, width, cols, 1.0f, s1.data(), block_k, vp + j0 * V.row, V.row, 1.0f, acc1.data(), width);
-        gemm(false, false, rows, width, cols, 1.0f, s2.data(), block_k, vp + j0 * V.row, V.row, 1.0f, acc2.data(), width);
+      const int64_t keys = causal ? std::clamp<int64_t>(t0 + rows + offset, 0, kv_len) : kv_len;
+      float* o = O.at(b, i, t0);
+      if (keys == 0) {
+        for (int r = 0; r < rows; ++r) std::fill(o + r * O.row, o + r * O.row + width, 0.0f);
+        continue;
       }
+      const int n = static_cast<int>(keys);
+      gemm(false, true, rows, n, d, alpha, qp, Q.row, kp, K.row, 0.0f, s1.data(), ld);
+      gemm(false, true, rows, n, d, alpha, qp + d, Q.row, kp + d, K.row, 0.0f, s2.data(), ld);
       for (int r = 0; r < rows; ++r) {
-        const float inv1 = 1.0f / l1[r], inv2 = 1.0f / l2[r];
-        float* o = O.at(b, i, t0 + r);
-        float* o2r = O2.at(b, i, t0 + r);
-        for (int64_t c = 0; c < width; ++c) {
-          const float a2 = acc2[r * width + c] * inv2;
-          o[c] = acc1[r * width + c] * inv1 - lam * a2;
-          o2r[c] = a2;
-        }
-        const int64_t at_row = (b * heads + i) * q_len + t0 + r;
-        lse_data[at_row] = m1[r] + std::log(l1[r]);
-        lse_data[lse_map + at_row] = m2[r] + std::log(l2[r]);
+        const int64_t valid = visible(causal, t0 + r + offset, keys), at_row = (b * heads + i) * q_len + t0 + r;
+        float *a1 = &s1[r * ld], *a2 = &s2[r * ld];
+        lse_data[at_row] = softmax_row(a1, valid);
+        lse_data[lse_map + at_row] = softmax_row(a2, valid);
+#pragma omp simd
+        for (int64_t j = 0; j < valid; ++j) a1[j] -= lam * a2[j];
+        std::fill(a1 + valid, a1 + keys, 0.0f);
       }
+      gemm(false, false, rows, width, n, 1.0f, s1.data(), ld, V.at(b, i / rep, 0), V.row, 0.0f, o, O.row);
     }
   });
-  return {out, o2, lse};
+  return {out, lse};
 }
 
-// Gradients of out = (A1 - lambda A2) V given grad_out, the forward's log-sum-exps and delta (2, B, h, T) =
-// rowsum(grad_out * O1), rowsum(grad_out * O2). Returns dq (B, h, T, 2d) and per-query-head dk, dv
-// (B, h, S, 2d), which the caller sums over the heads of each KV group.
+// Gradients of out = (A1 - lambda A2) V given grad_out and the forward's log-sum-exps. Returns dq (B, h, T, 2d),
+// per-query-head dk, dv (B, h, S, 2d), which the caller sums over the heads of each KV group, and
+// rowsum(grad_out * A2 V) (B, h, T), whose negated sum is lambda's gradient.
 std::vector<torch::Tensor> diff_attention_backward(torch::Tensor grad_out, torch::Tensor q, torch::Tensor k,
-                                                   torch::Tensor v, torch::Tensor lse, torch::Tensor delta,
-                                                   double lambda_full, double scale, bool causal,
-                                                   int64_t block_q, int64_t block_k) {
+                                                   torch::Tensor v, torch::Tensor lse, double lambda_full,
+                                                   double scale, bool causal, int64_t block_q) {
   check_inputs(q, k, v);
   check_inputs(grad_out, grad_out, grad_out);
-  TORCH_CHECK(lse.is_contiguous() && delta.is_contiguous(), "lse and delta must be contiguous");
+  TORCH_CHECK(lse.is_contiguous(), "lse must be contiguous");
   const int64_t batch = q.size(0), heads = q.size(1), q_len = q.size(2), width = q.size(3);
   const int64_t kv_heads = k.size(1), kv_len = k.size(2), d = width / 2, rep = heads / kv_heads;
-  const int64_t offset = kv_len - q_len;
-  auto dq = torch::zeros({batch, heads, q_len, width}, q.options());
+  const int64_t offset = kv_len - q_len, ld = padded(kv_len);
+  auto dq = torch::empty({batch, heads, q_len, width}, q.options());
   auto dk = torch::zeros({batch, heads, kv_len, width}, q.options());
   auto dv = torch::zeros({batch, heads, kv_len, width}, q.options());
+  auto delta2 = torch::empty({batch, heads, q_len}, q.options());
   const Strided Q = strided(q), K = strided(k), V = strided(v), DO = strided(grad_out);
   const Strided DQ = strided(dq), DK = strided(dk), DV = strided(dv);
   const float* lse_data = lse.data_ptr<float>();
-  const float* delta_data = delta.data_ptr<float>();
+  float* delta2_data = delta2.data_ptr<float>();
   const float lam = static_cast<float>(lambda_full), alpha = static_cast<float>(scale);
   const int64_t per_map = batch * heads * q_len;
 
   // One (batch, head) per task: its dk and dv rows are written by no other task.
   at::parallel_for(0, batch * heads, 1, [&](int64_t begin, int64_t end) {
-    const int64_t tile = block_q * block_k;
-    Scratch p1(tile), p2(tile), p(tile), dp(tile);
+    Scratch p1(block_q * ld), p2(block_q * ld), dp(block_q * ld);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / heads, i = item % heads;
       const float* kp = K.at(b, i / rep, 0);
@@ -218,45 +210,59 @@ std::vector<torch::Tensor> diff_attention_backward(torch::Tensor grad_out, torch
       float* dvp = DV.at(b, i, 0);
       const float* lse1 = lse_data + item * q_len;
       const float* lse2 = lse1 + per_map;
-      const float* delta1 = delta_data + item * q_len;
-      const float* delta2 = delta1 + per_map;
       for (int64_t t0 = 0; t0 < q_len; t0 += block_q) {
         const int rows = static_cast<int>(std::min(block_q, q_len - t0));
         const float* qp = Q.at(b, i, t0);
         const float* dop = DO.at(b, i, t0);
         float* dqp = DQ.at(b, i, t0);
-        const int64_t key_end = causal ? std::min(kv_len, t0 + rows + offset) : kv_len;
-        for (int64_t j0 = 0; j0 < key_end; j0 += block_k) {
-          const int cols = static_cast<int>(std::min(block_k, key_end - j0));
-          const float* kj = kp + j0 * K.row;
-          gemm(false, true, rows, cols, d, alpha, qp, Q.row, kj, K.row, 0.0f, p1.data(), block_k);
-          gemm(false, true, rows, cols, d, alpha, qp + d, Q.row, kj + d, K.row, 0.0f, p2.data(), block_k);
-          gemm(false, true, rows, cols, width, 1.0f, dop, DO.row, vp + j0 * V.row, V.row, 0.0f, dp.data(), block_k);
+        const int64_t keys = causal ? std::clamp<int64_t>(t0 + rows + offset, 0, kv_len) : kv_len;
+        if (keys == 0) {
           for (int r = 0; r < rows; ++r) {
-            const int valid = visible(causal, t0 + r + offset, j0, cols);
-            float *a1 = &p1[r * block_k], *a2 = &p2[r * block_k], *a = &p[r * block_k], *g = &dp[r * block_k];
-            const float x1 = lse1[t0 + r], x2 = lse2[t0 + r], y1 = delta1[t0 + r], y2 = delta2[t0 + r];
-            for (int j = 0; j < valid; ++j) {
-              const float e1 = exp_nonpositive(a1[j] - x1), e2 = exp_nonpositive(a2[j] - x2);
-              a[j] = e1 - lam * e2;
-              a1[j] = e1 * (g[j] - y1);          // dS1 (the scale goes into the products below)
-              a2[j] = -lam * e2 * (g[j] - y2);   // dS2
-            }
-            std::fill(a + valid, a + cols, 0.0f);
-            std::fill(a1 + valid, a1 + cols, 0.0f);
-            std::fill(a2 + valid, a2 + cols, 0.0f);
+            std::fill(dqp + r * DQ.row, dqp + r * DQ.row + width, 0.0f);
+            delta2_data[item * q_len + t0 + r] = 0.0f;
           }
-          gemm(true, false, cols, width, rows, 1.0f, p.data(), block_k, dop, DO.row, 1.0f, dvp + j0 * DV.row, DV.row);
-          gemm(false, false, rows, d, cols, alpha, p1.data(), block_k, kj, K.row, 1.0f, dqp, DQ.row);
-          gemm(false, false, rows, d, cols, alpha, p2.data(), block_k, kj + d, K.row, 1.0f, dqp + d, DQ.row);
-          gemm(true, false, cols, d, rows, alpha, p1.data(), block_k, qp, Q.row, 1.0f, dkp + j0 * DK.row, DK.row);
-          gemm(true, false, cols, d, rows, alpha, p2.data(), block_k, qp + d, Q.row, 1.0f, dkp + j0 * DK.row + d, DK.row);
+          continue;
         }
+        const int n = static_cast<int>(keys);
+        gemm(false, true, rows, n, d, alpha, qp, Q.row, kp, K.row, 0.0f, p1.data(), ld);
+        gemm(false, true, rows, n, d, alpha, qp + d, Q.row, kp + d, K.row, 0.0f, p2.data(), ld);
+        gemm(false, true, rows, n, width, 1.0f, dop, DO.row, vp, V.row, 0.0f, dp.data(), ld);
+        for (int r = 0; r < rows; ++r) {
+          const int64_t valid = visible(causal, t0 + r + offset, keys);
+          float *a1 = &p1[r * ld], *a2 = &p2[r * ld], *g = &dp[r * ld];
+          const float x1 = lse1[t0 + r], x2 = lse2[t0 + r];
+          // The maps, and rowsum(dO * A_j V) = rowsum(A_j * dO V^T), which the softmax gradients subtract.
+          float y1 = 0.0f, y2 = 0.0f;
+#pragma omp simd reduction(+ : y1, y2)
+          for (int64_t j = 0; j < valid; ++j) {
+            a1[j] = exp_nonpositive(a1[j] - x1);
+            a2[j] = exp_nonpositive(a2[j] - x2);
+            y1 += a1[j] * g[j];
+            y2 += a2[j] * g[j];
+          }
+          delta2_data[item * q_len + t0 + r] = y2;
+#pragma omp simd
+          for (int64_t j = 0; j < valid; ++j) {
+            const float e1 = a1[j], e2 = a2[j], gj = g[j];
+            g[j] = e1 - lam * e2;             // the combined map, for dV
+            a1[j] = e1 * (gj - y1);           // dS1 (the scale goes into the products below)
+            a2[j] = -lam * e2 * (gj - y2);    // dS2
+          }
+          std::fill(g + valid, g + keys, 0.0f);
+          std::fill(a1 + valid, a1 + keys, 0.0f);
+          std::fill(a2 + valid, a2 + keys, 0.0f);
+        }
+        gemm(true, false, n, width, rows, 1.0f, dp.data(), ld, dop, DO.row, 1.0f, dvp, DV.row);
+        gemm(false, false, rows, d, n, alpha, p1.data(), ld, kp, K.row, 0.0f, dqp, DQ.row);
+        gemm(false, false, rows, d, n, alpha, p2.data(), ld, kp + d, K.row, 0.0f, dqp + d, DQ.row);
+        gemm(true, false, n, d, rows, alpha, p1.data(), ld, qp, Q.row, 1.0f, dkp, DK.row);
+        gemm(true, false, n, d, rows, alpha, p2.data(), ld, qp + d, Q.row, 1.0f, dkp + d, DK.row);
       }
     }
   });
-  return {dq, dk, dv};
+  return {dq, dk, dv, delta2};
 }
+
 
 // Inference for a few queries against a long cache (a decode step): per query, both maps' logits are dot
 // products with the cached K1 | K2 rows, and the combined weights A1 - lambda A2 multiply V in ONE pass, so K
@@ -302,12 +308,7 @@ torch::Tensor diff_attention_decode(torch::Tensor q, torch::Tensor k, torch::Ten
         w1[j] = s1 * alpha;
         w2[j] = s2 * alpha;
       }
-      float m1 = -1e30f, m2 = -1e30f;
-#pragma omp simd reduction(max : m1, m2)
-      for (int64_t j = 0; j < keys; ++j) {
-        m1 = std::max(m1, w1[j]);
-        m2 = std::max(m2, w2[j]);
-      }
+      const float m1 = row_max(w1.data(), keys), m2 = row_max(w2.data(), keys);
       float l1 = 0.0f, l2 = 0.0f;
 #pragma omp simd reduction(+ : l1, l2)
       for (int64_t j = 0; j < keys; ++j) {
