@@ -4,6 +4,7 @@ difftransformer cannot be imported, and give the in-package model's logits and g
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import subprocess
@@ -163,6 +164,31 @@ def test_trainer_checkpoints_carry_the_code(tmp_path):
         assert (tmp_path / "run" / name).read_text() == text, name
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["auto_map"] == remote_code.auto_map()
+
+
+def test_regenerating_changes_nothing_and_every_file_carries_the_hash_of_the_set(tmp_path, monkeypatch):
+    random_model(seed=0, dtype=torch.float32).save_pretrained(tmp_path)
+    code = remote_code.model_code()
+    assert code == remote_code.model_code() and remote_code.stale_model_code(tmp_path) == []
+    digest = remote_code.code_digest({name: text.split("\n", 1)[1] for name, text in code.items()})
+    for name, text in code.items():
+        assert f"model code {digest};" in text.splitlines()[0], name
+    # An edited copy in a folder is reported; an edited package source changes every file's stamp.
+    (tmp_path / "rotary.py").write_text(code["rotary.py"] + "# edited\n")
+    (tmp_path / "mlp.py").unlink()
+    assert remote_code.stale_model_code(tmp_path) == ["mlp.py", "rotary.py"]
+    load = remote_code._load
+
+    def edited(name: str):
+        module = load(name)
+        if name.endswith(".rotary"):
+            return dataclasses.replace(module, source=module.source + "# edited\n")
+        return module
+
+    monkeypatch.setattr(remote_code, "_load", edited)
+    changed = remote_code.model_code()
+    assert changed["rotary.py"].endswith("# edited\n")
+    assert all(digest not in text.splitlines()[0] for text in changed.values())
 
 
 class WrappedModel(DiffTransformerForCausalLM):

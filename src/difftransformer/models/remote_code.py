@@ -8,7 +8,11 @@ difftransformer installed. This module writes what the loader needs instead: the
 package modules that the Auto classes' modules import (at any depth, imports inside functions included), each
 as one flat file with its package imports rewritten to relative ones. The files are generated from the
 package's sources each time a folder is saved: a folder carries the code of the version that wrote it, and
-there is no second copy of the model to keep in step.
+there is no second copy of the model to keep in step (which committing the generated files would create).
+Generation is deterministic, and every file's first line names its source and the content hash of the whole set
+(:func:`code_digest`), so two folders run the same model code exactly when their stamps agree;
+:func:`stale_model_code` lists what in a folder differs from what this version writes, and
+``write_model_code(DIR)`` writes the files anywhere for review.
 
 File names: a module is written as its last dotted name (``difftransformer.ops.common`` -> ``common.py``, a
 package's ``__init__`` as the package's name, ``ops.py``); where two modules share a last name, every one of
@@ -23,6 +27,7 @@ PyTorch paths (same logits to float32 rounding; docs/sharing.md).
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -173,7 +178,7 @@ def _rewrite(module: _Module, stems: dict[str, str]) -> str:
     return data.decode("utf-8")
 
 
-def _header(module: _Module) -> str:
+def _header(module: _Module, digest: str) -> str:
     try:
         version = f" {importlib.metadata.version(PACKAGE)}"
     except importlib.metadata.PackageNotFoundError:
@@ -181,16 +186,46 @@ def _header(module: _Module) -> str:
     relative = Path(*module.name.split(".")).with_suffix(".py")
     if module.is_package:
         relative = relative.with_suffix("") / "__init__.py"
-    return f"# Written by {PACKAGE}{version} from {relative.as_posix()}; change the package, not this copy.\n"
+    return (
+        f"# Written by {PACKAGE}{version} from {relative.as_posix()}, model code {digest}; "
+        "change the package, not this copy.\n"
+    )
+
+
+def code_digest(bodies: dict[str, str]) -> str:
+    """The content hash stamped on every file: SHA-256 (first 16 hex digits) over the file names and their text
+    without the header line, so two folders carry the same code exactly when their stamps agree."""
+    digest = hashlib.sha256()
+    for name in sorted(bodies):
+        digest.update(f"{name}\0{bodies[name]}\0".encode())
+    return digest.hexdigest()[:16]
 
 
 def model_code() -> dict[str, str]:
-    """File name -> text of every flat module file a saved folder needs to load without the package."""
+    """File name -> text of every flat module file a saved folder needs to load without the package. The same
+    sources always give the same text (file names, contents and the stamped :func:`code_digest`)."""
     modules = _closure()
     stems = _file_stems(sorted(modules))
+    bodies = {f"{stems[name]}.py": _rewrite(module, stems) for name, module in modules.items()}
+    digest = code_digest(bodies)
     return {
-        f"{stems[name]}.py": _header(module) + _rewrite(module, stems) for name, module in modules.items()
+        name: _header(modules[module_name], digest) + bodies[name]
+        for module_name in sorted(modules)
+        for name in [f"{stems[module_name]}.py"]
     }
+
+
+def stale_model_code(folder: str | os.PathLike) -> list[str]:
+    """The code files of a saved ``folder`` that differ from (or are missing against) what this package writes
+    now; empty when regenerating would change nothing. Lets a user see whether a folder runs this version's
+    model code."""
+    folder = Path(folder)
+    stale = []
+    for name, text in model_code().items():
+        path = folder / name
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            stale.append(name)
+    return stale
 
 
 def auto_map() -> dict[str, str]:
