@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from difftransformer.errors import UsageError
 from difftransformer.models import ATTENTION_KINDS, DiffTransformerConfig
 from difftransformer.train.mixture import RecallMix
 from difftransformer.train.settings import TrainingSettings
@@ -36,7 +37,7 @@ RECIPE: Mapping[str, Any] = dict(
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Preset:
     """One model size and its recipe.
 
@@ -77,7 +78,7 @@ class Preset:
         """The model for ``attention`` ("diff", "softmax" = the matched baseline, "diff_v2"); ``fields`` (e.g.
         vocab_size, bos/eos/pad ids) override the preset's."""
         if attention not in ATTENTION_KINDS:
-            raise ValueError(f"attention must be one of {ATTENTION_KINDS}; got {attention!r}")
+            raise UsageError(f"attention must be one of {ATTENTION_KINDS}; got {attention!r}")
         kwargs = dict(
             vocab_size=self.vocab_size,
             hidden_size=self.hidden_size,
@@ -134,55 +135,170 @@ def _paper(
         description=f"paper {name}: d_model {hidden}, {layers} layers, {heads} DIFF / {2 * heads} Transformer heads",
     )
     recipe.update(fields)
-    schedule = dict(max_steps=40_000, per_device_train_batch_size=8, gradient_accumulation_steps=16,
-                    learning_rate=3.2e-4, warmup_steps=375, weight_decay=0.05, adam_beta2=0.98, logging_steps=50,
-                    eval_steps=1000, save_steps=1000)  # fmt: skip
+    schedule = dict(
+        max_steps=40_000,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=16,
+        learning_rate=3.2e-4,
+        warmup_steps=375,
+        weight_decay=0.05,
+        adam_beta2=0.98,
+        logging_steps=50,
+        eval_steps=1000,
+        save_steps=1000,
+    )
     schedule.update(training)
-    return Preset(name, hidden, layers, heads, training=_recipe(**schedule), **recipe)
+    return Preset(
+        name=name,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        diff_heads=heads,
+        training=_recipe(**schedule),
+        **recipe,
+    )
 
 
-# Columns: name, hidden_size, num_hidden_layers, diff_heads, intermediate_size, block_size; then the rest by name.
 PRESETS: dict[str, Preset] = {
     preset.name: preset
     for preset in (
-        Preset("micro", 32, 2, 2, 64, 256, vocab_size=320, eval_blocks=8, needle_fraction=0.25,
-               description="seconds-long smoke test (used by the tests)",
-               training=_recipe(max_steps=6, per_device_train_batch_size=4, learning_rate=3e-3, warmup_steps=2,
-                                logging_steps=1, eval_steps=3, save_steps=3)),
-        Preset("tiny", 128, 4, 2, 384, 256, vocab_size=4096, eval_blocks=32, needle_fraction=0.5, needle_digits=3,
-               description="the CPU demo (make demo): minutes on 2 cores, with multi-needle retrieval blocks mixed in",
-               training=_recipe(max_steps=500, per_device_train_batch_size=8, learning_rate=2e-3, warmup_steps=30,
-                                logging_steps=10, eval_steps=100, save_steps=250)),
-        Preset("study", 128, 4, 2, 384, 256, vocab_size=4096, eval_blocks=32,
-               description="the small-scale study (make study): the demo's shape on plain text, 3x its tokens; run "
-               "with 4 variants and 2 seeds in under an hour on 2 cores (docs/results/study)",
-               training=_recipe(max_steps=800, per_device_train_batch_size=8, learning_rate=2e-3, warmup_steps=30,
-                                logging_steps=10, eval_steps=100, save_steps=400)),
-        Preset("retrieval", 64, 2, 2, None, 64, vocab_size=320, eval_blocks=16, mqar_fraction=0.4,
-               induction_fraction=0.4, mqar_pairs=(2, 8), max_position_embeddings=128,
-               description="the retrieval study (make study-retrieval): 2-layer models learning in-context recall "
-               "from MQAR and induction rows beside text, minutes a run on 2 cores (docs/results/retrieval)",
-               training=_recipe(max_steps=4000, per_device_train_batch_size=64, learning_rate=3e-3, warmup_steps=100,
-                                logging_steps=20, eval_steps=100, save_steps=500)),
-        Preset("small", 384, 6, 3, None, 512, vocab_size=8192, eval_blocks=128, needle_fraction=0.15,
-               description="one GPU for under an hour, or a long CPU run",
-               training=_recipe(max_steps=3000, per_device_train_batch_size=16, learning_rate=1e-3,
-                                warmup_steps=200, logging_steps=20, eval_steps=250, save_steps=500)),
-        _paper("830m", 1536, 24, 8),
-        _paper("1.4b", 2048, 24, 8),
-        _paper("2.8b", 2560, 32, 10),
-        _paper("6.8b", 4096, 32, 16),
-        _paper("13.1b", 5120, 40, 20),
-        _paper("3b", 3072, 28, 12, intermediate_size=8192, block_size=4096,
-               description="paper 3B: d_model 3072, 28 layers, 12 DIFF / 24 Transformer heads (dim 128), FFN 8192",
-               training=dict(per_device_train_batch_size=4, gradient_accumulation_steps=16, learning_rate=3.2e-4,
-                             warmup_steps=1000, weight_decay=0.1, adam_beta2=0.95)),
+        Preset(
+            name="micro",
+            description="seconds-long smoke test (used by the tests)",
+            hidden_size=32,
+            num_hidden_layers=2,
+            diff_heads=2,
+            intermediate_size=64,
+            block_size=256,
+            vocab_size=320,
+            eval_blocks=8,
+            needle_fraction=0.25,
+            training=_recipe(
+                max_steps=6,
+                per_device_train_batch_size=4,
+                learning_rate=3e-3,
+                warmup_steps=2,
+                logging_steps=1,
+                eval_steps=3,
+                save_steps=3,
+            ),
+        ),
+        Preset(
+            name="tiny",
+            description="the CPU demo (make demo): minutes on 2 cores, with multi-needle retrieval blocks mixed in",
+            hidden_size=128,
+            num_hidden_layers=4,
+            diff_heads=2,
+            intermediate_size=384,
+            block_size=256,
+            vocab_size=4096,
+            eval_blocks=32,
+            needle_fraction=0.5,
+            needle_digits=3,
+            training=_recipe(
+                max_steps=500,
+                per_device_train_batch_size=8,
+                learning_rate=2e-3,
+                warmup_steps=30,
+                logging_steps=10,
+                eval_steps=100,
+                save_steps=250,
+            ),
+        ),
+        Preset(
+            name="study",
+            description="the small-scale study (make study): the demo's shape on plain text, 3x its tokens; run "
+            "with 4 variants and 2 seeds in under an hour on 2 cores (docs/results/study)",
+            hidden_size=128,
+            num_hidden_layers=4,
+            diff_heads=2,
+            intermediate_size=384,
+            block_size=256,
+            vocab_size=4096,
+            eval_blocks=32,
+            training=_recipe(
+                max_steps=800,
+                per_device_train_batch_size=8,
+                learning_rate=2e-3,
+                warmup_steps=30,
+                logging_steps=10,
+                eval_steps=100,
+                save_steps=400,
+            ),
+        ),
+        Preset(
+            name="retrieval",
+            description="the retrieval study (make study-retrieval): 2-layer models learning in-context recall "
+            "from MQAR and induction rows beside text, minutes a run on 2 cores (docs/results/retrieval)",
+            hidden_size=64,
+            num_hidden_layers=2,
+            diff_heads=2,
+            intermediate_size=None,
+            block_size=64,
+            vocab_size=320,
+            eval_blocks=16,
+            mqar_fraction=0.4,
+            induction_fraction=0.4,
+            mqar_pairs=(2, 8),
+            max_position_embeddings=128,
+            training=_recipe(
+                max_steps=4000,
+                per_device_train_batch_size=64,
+                learning_rate=3e-3,
+                warmup_steps=100,
+                logging_steps=20,
+                eval_steps=100,
+                save_steps=500,
+            ),
+        ),
+        Preset(
+            name="small",
+            description="one GPU for under an hour, or a long CPU run",
+            hidden_size=384,
+            num_hidden_layers=6,
+            diff_heads=3,
+            intermediate_size=None,
+            block_size=512,
+            vocab_size=8192,
+            eval_blocks=128,
+            needle_fraction=0.15,
+            training=_recipe(
+                max_steps=3000,
+                per_device_train_batch_size=16,
+                learning_rate=1e-3,
+                warmup_steps=200,
+                logging_steps=20,
+                eval_steps=250,
+                save_steps=500,
+            ),
+        ),
+        _paper("830m", hidden=1536, layers=24, heads=8),
+        _paper("1.4b", hidden=2048, layers=24, heads=8),
+        _paper("2.8b", hidden=2560, layers=32, heads=10),
+        _paper("6.8b", hidden=4096, layers=32, heads=16),
+        _paper("13.1b", hidden=5120, layers=40, heads=20),
+        _paper(
+            "3b",
+            hidden=3072,
+            layers=28,
+            heads=12,
+            intermediate_size=8192,
+            block_size=4096,
+            description="paper 3B: d_model 3072, 28 layers, 12 DIFF / 24 Transformer heads (dim 128), FFN 8192",
+            training=dict(
+                per_device_train_batch_size=4,
+                gradient_accumulation_steps=16,
+                learning_rate=3.2e-4,
+                warmup_steps=1000,
+                weight_decay=0.1,
+                adam_beta2=0.95,
+            ),
+        ),
     )
-}  # fmt: skip
+}
 
 
 def get_preset(name: str) -> Preset:
-    """The preset called ``name``; ValueError listing the known ones otherwise."""
+    """The preset called ``name``; a UsageError listing the known ones otherwise."""
     if name not in PRESETS:
-        raise ValueError(f"preset must be one of {sorted(PRESETS)}; got {name!r}")
+        raise UsageError(f"preset must be one of {sorted(PRESETS)}; got {name!r}")
     return PRESETS[name]
