@@ -27,6 +27,7 @@ RANKS: dict[str, int] = {
     "bench": 7,
     "cli": 7,
     "generate": 7,
+    "generate_cli": 7,
     "__main__": 7,
     "__init__": 7,
 }

@@ -191,25 +191,25 @@ def test_bad_blocks_are_refused(tmp_path, data):
 def test_generate_greedy_and_sampled(tmp_path, data, capsys):
     import argparse
 
-    from difftransformer import generate
+    from difftransformer import generate_cli
 
     tokenizer, train, val = data
     train_model(config_for(tokenizer), train, val, tokenizer, options(tmp_path, max_steps=2, save_steps=2))
     parser = argparse.ArgumentParser()
-    generate.configure(parser)
+    generate_cli.configure(parser)
     outputs = []
     for flags in (["--max-new-tokens", "6"], ["--max-new-tokens", "6"], ["--temperature", "1.0", "--top-k", "20",
                   "--top-p", "0.9", "--max-new-tokens", "6", "--seed", "3"]):  # fmt: skip
-        assert generate.run(parser.parse_args([str(tmp_path), "--prompt", "the king", *flags])) == 0
+        assert generate_cli.run(parser.parse_args([str(tmp_path), "--prompt", "the king", *flags])) == 0
         outputs.append(capsys.readouterr().out)
     assert (
         outputs[0] == outputs[1] and outputs[0].startswith("the king") and len(outputs[0]) > len("the king\n")
     )
     assert outputs[2].startswith("the king")
     with pytest.raises(ValueError, match="--top-p"):
-        generate.run(parser.parse_args([str(tmp_path), "--prompt", "x", "--top-p", "1.5"]))
+        generate_cli.run(parser.parse_args([str(tmp_path), "--prompt", "x", "--top-p", "1.5"]))
     with pytest.raises(ValueError, match="config.json"):
-        generate.run(parser.parse_args([str(tmp_path / "nothing"), "--prompt", "x"]))
+        generate_cli.run(parser.parse_args([str(tmp_path / "nothing"), "--prompt", "x"]))
 
 
 @pytest.mark.parametrize("seed", [0, 3])

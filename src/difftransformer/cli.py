@@ -17,7 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "train": ("difftransformer.train.cli", "train a DIFF, DIFF V2 or softmax language model"),
     "plan": ("difftransformer.train.plan", "parameters, memory per device and tokens per step of a run"),
-    "generate": ("difftransformer.generate", "continue a prompt with a trained checkpoint"),
+    "generate": ("difftransformer.generate_cli", "continue a prompt with a trained checkpoint"),
     "compare": (
         "difftransformer.compare.cli",
         "train DIFF and its matched baseline alike and write a report",

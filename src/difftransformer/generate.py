@@ -1,52 +1,55 @@
-"""`difftransformer generate`: continue a prompt with a trained model folder (greedy or sampled)."""
+"""Continue a prompt with a trained model folder, greedy or sampled (``difftransformer generate`` is
+:mod:`difftransformer.generate_cli`)."""
 
 from __future__ import annotations
 
-import argparse
-import sys
+import os
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    set_seed,
+)
 
 import difftransformer  # noqa: F401  (registers the "difftransformer" model type with the Auto classes)
+from difftransformer.errors import MissingInputError, UsageError
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    """``generate``'s options."""
-    parser.add_argument(
-        "model", help="a trained run folder (or checkpoint-N folder) holding config, weights and tokenizer"
-    )
-    parser.add_argument("--prompt", help="text to continue (default: read standard input)")
-    parser.add_argument("--max-new-tokens", type=int, default=100, help="tokens to generate (default: 100)")
-    parser.add_argument(
-        "--temperature",
-        type=float,
-        default=0.0,
-        help="sampling temperature; 0 decodes greedily (default: 0)",
-    )
-    parser.add_argument("--top-k", type=int, default=None, help="sample only among the k most likely tokens")
-    parser.add_argument(
-        "--top-p", type=float, default=None, help="sample from the smallest set with this much mass"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed for sampling (default: 0)")
-    parser.add_argument(
-        "--tokenizer", help="tokenizer folder, when the model folder has none (e.g. a checkpoint-N folder)"
-    )
+def check_sampling(
+    *,
+    max_new_tokens: int = 100,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> None:
+    """Refuse sampling settings :func:`generate_text` cannot use (a UsageError naming the flag)."""
+    if max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be >= 1; got {max_new_tokens}")
+    if temperature < 0:
+        raise UsageError(f"--temperature must be >= 0; got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise UsageError(f"--top-k must be >= 1; got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise UsageError(f"--top-p must be in (0, 1]; got {top_p}")
 
 
-def check(args: argparse.Namespace) -> None:
-    """Refuse bad options (a ValueError naming the flag) before anything is loaded."""
-    if not (Path(args.model) / "config.json").is_file():
-        raise ValueError(f"model must be a folder with config.json (a trained run); got {args.model!r}")
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1; got {args.max_new_tokens}")
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0; got {args.temperature}")
-    if args.top_k is not None and args.top_k < 1:
-        raise ValueError(f"--top-k must be >= 1; got {args.top_k}")
-    if args.top_p is not None and not 0 < args.top_p <= 1:
-        raise ValueError(f"--top-p must be in (0, 1]; got {args.top_p}")
+def load_for_generation(
+    model_dir: str | os.PathLike, tokenizer_dir: str | os.PathLike | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model of a trained run folder (or checkpoint-N folder), in eval mode, and its tokenizer (from
+    ``tokenizer_dir`` when given: a checkpoint-N folder has none). A folder without config.json is refused
+    (:class:`~difftransformer.errors.MissingInputError`) before anything is loaded."""
+    if not (Path(model_dir) / "config.json").is_file():
+        raise MissingInputError(
+            f"model must be a folder with config.json (a trained run); got {str(model_dir)!r}"
+        )
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).eval()
+    return model, tokenizer
 
 
 def generate_text(
@@ -61,7 +64,9 @@ def generate_text(
     seed: int = 0,
 ) -> str:
     """The prompt's continuation (without the prompt): greedy at ``temperature`` 0, else sampled (optionally among
-    the ``top_k`` most likely tokens or the ``top_p`` nucleus) from ``seed``."""
+    the ``top_k`` most likely tokens or the ``top_p`` nucleus) from ``seed``; bad settings are refused
+    (:func:`check_sampling`)."""
+    check_sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
     ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
     if ids.shape[1] == 0:
         ids = torch.tensor([[tokenizer.eos_token_id]])
@@ -73,17 +78,3 @@ def generate_text(
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), **options)
     return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Load the folder, continue the prompt (or standard input), print prompt and continuation."""
-    check(args)
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(args.model, local_files_only=True).eval()
-    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
-    continuation = generate_text(
-        model, tokenizer, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-        top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-    )  # fmt: skip
-    print(prompt + continuation)
-    return 0
