@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "eval": ("difftransformer.eval.cli", "run one of the paper's experiments on any causal LM checkpoint"),
     "convert": ("difftransformer.convert.cli", "convert to and from transformers' DiffLlama and Llama"),
-    "lm-eval": ("difftransformer.eval.harness", "lm-evaluation-harness's command line on our folders"),
+    "lm-eval": ("difftransformer.eval.harness_cli", "lm-evaluation-harness's command line on our folders"),
     "bench": ("difftransformer.bench.cli", "benchmark DIFF against its matched baseline and DiffLlama"),
 }
 

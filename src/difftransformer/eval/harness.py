@@ -1,4 +1,5 @@
-"""lm-evaluation-harness on our model folders: ``difftransformer lm-eval`` and :func:`run_harness`.
+"""lm-evaluation-harness on our model folders: :func:`run_lm_eval_command` (``difftransformer lm-eval``, whose
+command module is :mod:`difftransformer.eval.harness_cli`) and :func:`run_harness`.
 
 Every folder we save carries its model code (docs/sharing.md), so lm-eval's own ``hf`` model opens it with
 ``trust_remote_code=True``; nothing here re-implements the harness. ``difftransformer lm-eval ARGS`` is
@@ -10,18 +11,20 @@ dependency (``pip install 'difftransformer[lmeval]'``). The harness scores windo
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from difftransformer.errors import MissingInputError, UsageError
+
 INSTALL_HINT = "lm-eval is not installed: pip install 'difftransformer[lmeval]'"
 LM_EVAL_SUBCOMMANDS = ("run", "ls", "validate")  # lm-eval's own; its legacy form (no subcommand) means run
 
 
-def _require_lm_eval() -> None:
+def require_lm_eval() -> None:
+    """Refuse, with an ImportError carrying the install hint, to go on without lm-eval."""
     try:
         import lm_eval  # noqa: F401
     except ImportError as err:
@@ -32,10 +35,10 @@ def check_harness(include_path: str | os.PathLike | None, batch_size: int) -> No
     """Refuse, before any long work, what :func:`harness_results` cannot run: lm-eval missing, a non-positive
     ``batch_size``, an ``include_path`` that is not a folder."""
     if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
+        raise UsageError(f"batch_size must be a positive integer; got {batch_size!r}")
     if include_path is not None and not Path(include_path).is_dir():
-        raise FileNotFoundError(f"include_path: {include_path} is not a folder of task YAML files")
-    _require_lm_eval()
+        raise MissingInputError(f"include_path: {include_path} is not a folder of task YAML files")
+    require_lm_eval()
 
 
 def lm_eval_argv(argv: Sequence[str]) -> list[str]:
@@ -53,27 +56,15 @@ def lm_eval_argv(argv: Sequence[str]) -> list[str]:
     return args
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.description = (
-        "lm-evaluation-harness's own command line on our folders, trust_remote_code=True added to --model_args; "
-        "e.g. difftransformer lm-eval --model_args pretrained=runs/demo/diff --tasks hellaswag. "
-        "`difftransformer lm-eval --help` shows lm-eval's options."
-    )
-    # Every argument is lm-eval's, including --help: this parser recognises no option of its own.
-    parser.prefix_chars = "\0"
-    parser.add_argument("lm_eval_args", nargs=argparse.REMAINDER, help="lm-eval's arguments")
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        _require_lm_eval()
-    except ImportError as err:
-        print(f"difftransformer lm-eval: error: {err}", file=sys.stderr)
-        return 2
+def run_lm_eval_command(argv: Sequence[str]) -> int:
+    """Run lm-eval's own command line on ``argv`` as ``difftransformer lm-eval`` forwards it (:func:`lm_eval_argv`)
+    and return its exit status (that of its argparse errors and ``--help`` included). An ImportError carrying the
+    install hint when lm-eval is missing."""
+    require_lm_eval()
     from lm_eval.__main__ import cli_evaluate
 
     saved_argv = sys.argv
-    sys.argv = ["lm-eval", *lm_eval_argv(args.lm_eval_args)]
+    sys.argv = ["lm-eval", *lm_eval_argv(argv)]
     try:
         cli_evaluate()
     except SystemExit as done:  # argparse's errors and --help
@@ -116,9 +107,9 @@ def harness_results(
     """
     path = Path(model_dir)
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"model_dir: {path} is not a saved model folder (no config.json)")
+        raise MissingInputError(f"model_dir: {path} is not a saved model folder (no config.json)")
     if isinstance(tasks, str) or not tasks or not all(isinstance(task, str) and task for task in tasks):
-        raise ValueError(f"tasks must be a non-empty list of task names; got {tasks!r}")
+        raise UsageError(f"tasks must be a non-empty list of task names; got {tasks!r}")
     check_harness(include_path, batch_size)
     import lm_eval
     from lm_eval.models.huggingface import HFLM
@@ -128,7 +119,7 @@ def harness_results(
     unknown = [task for task in tasks if task not in manager.all_tasks and not Path(task).is_file()]
     if unknown:
         where = f" or under {include_path}" if include_path else ""
-        raise ValueError(f"tasks: lm-eval knows no task {unknown}{where}")
+        raise UsageError(f"tasks: lm-eval knows no task {unknown}{where}")
     model = HFLM(
         pretrained=str(path),
         trust_remote_code=True,
