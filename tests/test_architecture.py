@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "difftransformer"
 RANKS: dict[str, int] = {
     "storage": 0,
     "stats": 0,
+    "flags": 0,
     "plotting": 1,
     "ops": 1,
     "layers": 2,
@@ -32,8 +33,8 @@ RANKS: dict[str, int] = {
     "__init__": 7,
 }
 # eval works on any causal LM: it needs the models, their layers (logit hooks), the data, the storage, the
-# statistics and the plots.
-EVAL_MAY_IMPORT = {"eval", "models", "layers", "ops", "data", "storage", "stats", "plotting"}
+# statistics, the plots and the flag generator (its options become flags).
+EVAL_MAY_IMPORT = {"eval", "models", "layers", "ops", "data", "storage", "stats", "plotting", "flags"}
 
 
 def unit(module_path: Path) -> str:

@@ -8,8 +8,8 @@ import pytest
 
 from difftransformer.cli import main
 from difftransformer.eval import longctx, mqar, needle
-from difftransformer.eval.options import add_flags, given_settings
 from difftransformer.eval.registry import TASKS
+from difftransformer.flags import add_flags, given
 from difftransformer.storage import read_json
 from test_eval import char_tokenizer  # noqa: F401  (a fixture: one token per character)
 from test_eval_smoke import checkpoints  # noqa: F401  (the module-scoped tiny checkpoints, 256 positions)
@@ -17,13 +17,13 @@ from test_eval_smoke import checkpoints  # noqa: F401  (the module-scoped tiny c
 
 def parse(options_type: type, *argv: str) -> dict:
     parser = argparse.ArgumentParser(exit_on_error=False)
-    add_flags(parser, options_type, exclude=("seed",))
-    return given_settings(parser.parse_args(list(argv)), options_type)
+    add_flags(parser, options_type, exclude=("seed",), only_given=True, list_items=True)
+    return given(vars(parser.parse_args(list(argv))), options_type)
 
 
 def test_mqar_options_round_trip_through_their_flags():
     parser = argparse.ArgumentParser()
-    add_flags(parser, mqar.MqarOptions, exclude=("seed",))
+    add_flags(parser, mqar.MqarOptions, exclude=("seed",), only_given=True, list_items=True)
     flags = {s for action in parser._actions for s in action.option_strings}
     assert {"--num-pairs", "--num-queries", "--sequences", "--batch-size", "--first-id"} <= flags
     assert "--seed" not in flags  # the eval command's shared --seed sets it

@@ -2,6 +2,10 @@
 
 Every command module exposes ``configure(parser)`` (adds its options) and ``run(args) -> int``.
 Modules are imported only when their command runs, so ``difftransformer --help`` stays fast.
+
+A command module is a file named ``cli.py`` or ending in ``_cli.py`` (``train/plan_cli.py`` beside
+``train/plan.py``); only command modules take an ``argparse.Namespace``. Each turns the parsed options into the
+keywords or frozen settings dataclasses of the library modules it drives, which know nothing of the command line.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "fetch the built-in corpus, train a tokenizer, cache packed blocks",
     ),
     "train": ("difftransformer.train.cli", "train a DIFF, DIFF V2 or softmax language model"),
-    "plan": ("difftransformer.train.plan", "parameters, memory per device and tokens per step of a run"),
+    "plan": ("difftransformer.train.plan_cli", "parameters, memory per device and tokens per step of a run"),
     "generate": ("difftransformer.generate_cli", "continue a prompt with a trained checkpoint"),
     "compare": (
         "difftransformer.compare.cli",

@@ -18,9 +18,10 @@ from difftransformer.compare.variants import Variant, parse_variants
 from difftransformer.eval.harness import check_harness
 from difftransformer.eval.needle import parse_needle_configs
 from difftransformer.eval.registry import TASKS, get_task, parse_tasks
+from difftransformer.flags import given
 from difftransformer.train.cli import add_recipe_options, resolved_preset, training_options
 from difftransformer.train.pipeline import prepare_preset_data
-from difftransformer.train.settings import DataOptions, given
+from difftransformer.train.settings import DataOptions
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -170,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     report is."""
     preset = resolved_preset(args)
     comparison = comparison_settings(args)
-    data_options = DataOptions(**given(args, DataOptions))
+    data_options = DataOptions(**given(vars(args), DataOptions))
     if comparison.init_from:
         if data_options.tokenizer:
             raise ValueError(

@@ -13,8 +13,9 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from difftransformer.eval.options import add_flags, flag, given_settings, to_json
+from difftransformer.eval.options import to_json
 from difftransformer.eval.registry import all_tasks, get_task
+from difftransformer.flags import add_flags, flag, given
 
 # Options fields that a shared flag sets rather than a flag of their own.
 SHARED_FIELDS = ("seed",)
@@ -52,7 +53,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         sub = commands.add_parser(task.name, help=task.help, description=task.help)
         _shared_options(sub)
         _text_options(sub, task.reads_text)
-        add_flags(sub.add_argument_group(task.name), task.Options, exclude=SHARED_FIELDS)
+        add_flags(
+            sub.add_argument_group(task.name),
+            task.Options,
+            exclude=SHARED_FIELDS,
+            only_given=True,
+            list_items=True,
+        )
 
 
 def fitted_line(before, after, limit: int | None) -> str | None:
@@ -69,17 +76,17 @@ def run(args: argparse.Namespace) -> int:
     from difftransformer.eval import common
 
     task = get_task(args.task)
-    given = given_settings(args, task.Options)
+    settings = given(vars(args), task.Options)
     names = {f.name for f in dataclasses.fields(task.Options)}
-    given.update({name: getattr(args, name) for name in SHARED_FIELDS if name in names})
-    options = task.Options(**given)  # checks every value before the model is loaded
+    settings.update({name: getattr(args, name) for name in SHARED_FIELDS if name in names})
+    options = task.Options(**settings)  # checks every value before the model is loaded
     output_dir = Path(args.output_dir or Path("runs") / "eval" / task.name)
     common.seed_everything(args.seed)
     model, tokenizer = common.load_model_and_tokenizer(
         args.model, dtype=args.dtype, device=args.device, need_tokenizer=task.needs_tokenizer
     )
     texts = common.load_texts(args.text_file, args.data, args.split) if task.reads_text else None
-    fitted = task.fit(options, model, tokenizer, frozenset(given))
+    fitted = task.fit(options, model, tokenizer, frozenset(settings))
     line = fitted_line(options, fitted, common.max_context(model))
     if line:
         print(line)

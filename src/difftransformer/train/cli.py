@@ -17,13 +17,14 @@ import sys
 from tqdm.auto import tqdm
 
 from difftransformer.convert.upcycle import initial_model
+from difftransformer.flags import add_flags, given
 from difftransformer.models import ATTENTION_KINDS
 from difftransformer.train.checkpoints import last_good_checkpoint
 from difftransformer.train.lock import RunDirectoryLocked
 from difftransformer.train.pipeline import prepare_preset_data
 from difftransformer.train.presets import PRESETS, RECIPE, Preset, get_preset
 from difftransformer.train.runner import is_main_process, train_model
-from difftransformer.train.settings import DataOptions, PresetOptions, TrainingSettings, add_options, given
+from difftransformer.train.settings import DataOptions, PresetOptions, TrainingSettings
 
 
 def preset_help() -> str:
@@ -37,9 +38,9 @@ def add_recipe_options(parser: argparse.ArgumentParser, *, exclude: frozenset[st
     itself."""
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = preset_help()
-    add_options(parser, PresetOptions)
-    add_options(parser, DataOptions)
-    add_options(parser, TrainingSettings, preset_fields=frozenset(RECIPE), exclude=exclude)
+    add_flags(parser, PresetOptions)
+    add_flags(parser, DataOptions)
+    add_flags(parser, TrainingSettings, preset_fields=frozenset(RECIPE), exclude=exclude)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -68,28 +69,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def resolved_preset(args: argparse.Namespace) -> Preset:
     """The chosen preset with every preset option the user gave applied (training options included)."""
-    options = PresetOptions(**given(args, PresetOptions))
+    options = PresetOptions(**given(vars(args), PresetOptions))
     preset = get_preset(options.preset)
     overrides = {
         name: value
         for name, value in dataclasses.asdict(options).items()
         if name != "preset" and value is not None
     }
-    training = {name: value for name, value in given(args, TrainingSettings).items() if name in RECIPE}
+    training = {name: value for name, value in given(vars(args), TrainingSettings).items() if name in RECIPE}
     return dataclasses.replace(preset, **overrides).with_training(**training)
 
 
 def training_options(args: argparse.Namespace) -> dict:
     """The ``TrainingArguments`` options of the command line that no preset sets (a preset's are in
     :func:`resolved_preset`)."""
-    return {name: value for name, value in given(args, TrainingSettings).items() if name not in RECIPE}
+    return {name: value for name, value in given(vars(args), TrainingSettings).items() if name not in RECIPE}
 
 
 def run(args: argparse.Namespace) -> int:
     """Prepare the data, train, print a one-line summary; Ctrl-C stops with a one-line note (exit 130)."""
     preset = resolved_preset(args)
     settings = preset.training_settings(**training_options(args))
-    data_options = DataOptions(**given(args, DataOptions))
+    data_options = DataOptions(**given(vars(args), DataOptions))
     pretrained = None
     if args.init_from:
         if data_options.tokenizer:

@@ -1,4 +1,5 @@
-"""``difftransformer plan``: what a training run of a preset needs, before it starts.
+"""What a training run of a preset needs, estimated before it starts (``difftransformer plan`` prints it:
+:mod:`difftransformer.train.plan_cli`).
 
 Exact parameter counts of DIFF, its matched baseline and DIFF V2 (each model built on the meta device: no memory
 used), an estimate of the memory per device under DDP and under FSDP (weights, gradients, optimizer state,
@@ -13,26 +14,18 @@ for every layer of this package. docs/training.md lists the assumptions of the r
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import torch
 from torch import nn
 from transformers.trainer_utils import FSDPOption
 
+from difftransformer.errors import UsageError
 from difftransformer.models import DiffTransformerConfig, DiffTransformerForCausalLM
-from difftransformer.train.cli import resolved_preset
-from difftransformer.train.presets import PRESETS, RECIPE, Preset
-from difftransformer.train.settings import (
-    PresetOptions,
-    TrainingSettings,
-    add_options,
-    given,
-    tokens_per_step,
-)
+from difftransformer.train.presets import Preset
+from difftransformer.train.settings import step_tokens
 
 FLOAT32_BYTES = (
     4  # master weights and their gradients: Trainer's --bf16 is mixed precision over float32 weights
@@ -60,14 +53,14 @@ class ParallelSetup:
 
     def __post_init__(self) -> None:
         if not isinstance(self.world_size, int) or self.world_size < 1:
-            raise ValueError(f"world_size must be a positive integer; got {self.world_size!r}")
+            raise UsageError(f"world_size must be a positive integer; got {self.world_size!r}")
         unknown = set(self.fsdp) - {option.value for option in MODELED_FSDP_OPTIONS}
         if unknown:
-            raise ValueError(
+            raise UsageError(
                 f"fsdp: the plan models {sorted(o.value for o in MODELED_FSDP_OPTIONS)}; got {sorted(unknown)}"
             )
         if FSDPOption.FULL_SHARD in self.fsdp and FSDPOption.SHARD_GRAD_OP in self.fsdp:
-            raise ValueError("fsdp: choose one of full_shard and shard_grad_op; got both")
+            raise UsageError("fsdp: choose one of full_shard and shard_grad_op; got both")
 
     @property
     def compute_bytes(self) -> int:
@@ -162,7 +155,7 @@ def _proxy_widths(config: DiffTransformerConfig) -> tuple[int, int]:
         widths.append(config.num_attention_heads * per_head)
         if len(widths) == 2:
             return widths[0], widths[1]
-    raise ValueError(f"no small d_model fits {config.num_attention_heads} heads of kind {config.attention!r}")
+    raise UsageError(f"no small d_model fits {config.num_attention_heads} heads of kind {config.attention!r}")
 
 
 def activation_rates(config: DiffTransformerConfig, *, bf16: bool) -> ActivationRates:
@@ -294,11 +287,6 @@ class Plan:
 def make_plan(preset: Preset, setup: ParallelSetup, kinds: tuple[str, ...] = PLANNED_KINDS) -> Plan:
     """The plan of a run of ``preset`` (with its training settings) on ``setup``."""
     batch = preset.training["per_device_train_batch_size"]
-    step = SimpleNamespace(
-        per_device_train_batch_size=batch,
-        gradient_accumulation_steps=preset.training["gradient_accumulation_steps"],
-        world_size=setup.world_size,
-    )
     tokens_per_device = preset.block_size * batch
     plans = []
     for kind in kinds:
@@ -320,92 +308,11 @@ def make_plan(preset: Preset, setup: ParallelSetup, kinds: tuple[str, ...] = PLA
         preset=preset,
         setup=setup,
         tokens_per_device=tokens_per_device,
-        tokens_per_step=tokens_per_step(preset.block_size, step),
+        tokens_per_step=step_tokens(
+            preset.block_size,
+            per_device_batch=batch,
+            accumulation=preset.training["gradient_accumulation_steps"],
+            world_size=setup.world_size,
+        ),
         kinds=tuple(plans),
     )
-
-
-KIND_NAMES = {"diff": "DIFF", "softmax": "baseline", "diff_v2": "DIFF V2"}
-
-
-def format_plan(plan: Plan) -> str:
-    """The plan as the ``plan`` command prints it."""
-    preset, setup = plan.preset, plan.setup
-    batch = preset.training["per_device_train_batch_size"]
-    accumulation = preset.training["gradient_accumulation_steps"]
-    lines = [
-        f"preset {preset.name}: {preset.description}",
-        f"tokens per optimizer step: {preset.block_size} x {batch} blocks x {accumulation} accumulated x "
-        f"{setup.world_size} processes = {plan.tokens_per_step:,}",
-        "",
-        "parameters:",
-    ]
-    for kind in plan.kinds:
-        config = kind.config
-        lines.append(
-            f"  {KIND_NAMES[kind.kind]:<9} {kind.counts.total:>15,}  ({config.num_attention_heads} heads, "
-            f"{kind.counts.per_layer:,} per layer, {kind.counts.outside_layers:,} in embeddings, norm and head)"
-        )
-    precision = "bf16 mixed precision" if setup.bf16 else "float32"
-    checkpointing = "gradient checkpointing" if setup.gradient_checkpointing else "no gradient checkpointing"
-    lines += [
-        "",
-        f"memory per device, GiB ({setup.world_size} processes, {precision}, {checkpointing}, AdamW, micro-batch "
-        f"{batch} x {preset.block_size} tokens; FSDP: {' '.join(setup.fsdp)}):",
-    ]
-    shown = [k for k in plan.kinds if k.kind in ("diff", "softmax")]
-    header = "".join(f"{KIND_NAMES[k.kind] + ' ' + engine:>16}" for k in shown for engine in ("DDP", "FSDP"))
-    lines.append(f"  {'':<16}{header}")
-    for label in ("weights", "gradients", "optimizer_state", "activations", "total"):
-        cells = "".join(
-            f"{getattr(getattr(k, engine), label) / GIB:>16.2f}" for k in shown for engine in ("ddp", "fsdp")
-        )
-        lines.append(f"  {label.replace('_', ' '):<16}{cells}")
-    if not setup.bf16:
-        lines.append(
-            "  (train turns --bf16 on by itself on a GPU that supports it: add --bf16 to plan for that)"
-        )
-    if setup.world_size > 1 and accumulation % setup.world_size == 0:
-        lines.append(
-            f"batch flags are per process: --gradient-accumulation-steps {accumulation // setup.world_size} keeps "
-            f"the preset's {plan.tokens_per_step // setup.world_size:,} tokens per step on {setup.world_size} processes"
-        )
-    return "\n".join(lines)
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    """``plan``'s options: the world size, then ``train``'s preset and training options (output dir excepted)."""
-    parser.add_argument(
-        "--world-size",
-        type=int,
-        default=1,
-        help="processes (one per device) the run is planned for (default: 1)",
-    )
-    parser.epilog = "presets: " + ", ".join(PRESETS)
-    add_options(parser, PresetOptions)
-    add_options(parser, TrainingSettings, preset_fields=frozenset(RECIPE), exclude=frozenset({"output_dir"}))
-
-
-def setup_from(args: argparse.Namespace) -> ParallelSetup:
-    """The :class:`ParallelSetup` of a command line (``--fsdp`` bare or absent: full_shard)."""
-    options = given(args, TrainingSettings)
-    fsdp = options.get("fsdp")
-    words = tuple(fsdp.split()) if isinstance(fsdp, str) else (FSDPOption.FULL_SHARD.value,)
-    checkpointing = options.get("activation_checkpointing") or options.get("gradient_checkpointing")
-    return ParallelSetup(
-        world_size=args.world_size,
-        fsdp=words,
-        bf16=bool(options.get("bf16")),
-        gradient_checkpointing=bool(checkpointing),
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    """Print the plan."""
-    print(format_plan(make_plan(resolved_preset(args), setup_from(args))))
-    optimizer = str(given(args, TrainingSettings).get("optim", "adamw_torch"))
-    if not optimizer.startswith("adamw") or "8bit" in optimizer:
-        print(
-            f"(--optim {optimizer} is not modelled: the optimizer state above is AdamW's 8 bytes per parameter)"
-        )
-    return 0

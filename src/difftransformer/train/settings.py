@@ -4,21 +4,19 @@
 reaches ``train`` and ``compare`` without a change here); it differs only where our runs need it, each difference
 documented on the field and in docs/training.md. A preset (:mod:`difftransformer.train.presets`) sets some of its
 fields; every field no preset sets keeps transformers' default. :class:`PresetOptions` and :class:`DataOptions` are
-our own options. :func:`add_options` turns these dataclasses into command-line flags with transformers'
-``HfArgumentParser`` (``--name`` and ``--name-with-dashes``); :func:`given` reads back what a command line set.
+our own options. :mod:`difftransformer.flags` turns these dataclasses into command-line flags (transformers'
+``HfArgumentParser``: ``--name`` and ``--name-with-dashes``) and reads back what a command line set.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
-from transformers import HfArgumentParser, TrainingArguments
-from transformers.hf_argparser import string_to_bool
+from transformers import TrainingArguments
 from transformers.trainer_utils import IntervalStrategy
+
+from difftransformer.errors import UsageError
 
 
 @dataclass
@@ -73,16 +71,16 @@ class TrainingSettings(TrainingArguments):
             "logging_steps",
         ):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
+                raise UsageError(f"{name} must be >= 1; got {getattr(self, name)}")
         for name in ("eval_steps", "save_steps"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
+                raise UsageError(f"{name} must be >= 1; got {getattr(self, name)}")
         if self.save_total_limit is not None and self.save_total_limit < 2:
-            raise ValueError(
+            raise UsageError(
                 f"save_total_limit must be >= 2 (one finished checkpoint survives a kill); got {self.save_total_limit}"
             )
         if self.learning_rate <= 0:
-            raise ValueError(f"learning_rate must be > 0; got {self.learning_rate}")
+            raise UsageError(f"learning_rate must be > 0; got {self.learning_rate}")
         super().__post_init__()
 
 
@@ -170,42 +168,18 @@ class DataOptions:
     )
 
 
-def add_options(
-    parser: argparse.ArgumentParser,
-    dataclass_type: type,
-    *,
-    preset_fields: frozenset[str] = frozenset(),
-    exclude: frozenset[str] = frozenset(),
-) -> None:
-    """Add ``dataclass_type``'s fields to ``parser`` as transformers' ``HfArgumentParser`` derives them (one
-    argument group per dataclass). Fields in ``preset_fields`` default to the preset's value: they are left out of
-    the parsed namespace unless given (see :func:`given`). Fields in ``exclude`` get no flag. An optional boolean
-    (``--bf16``, ``--gradient-checkpointing``) may be given bare, meaning true."""
-    source = HfArgumentParser(dataclass_type, add_help=False)
-    for action in source._actions:
-        if action.dest in preset_fields:
-            action.default = argparse.SUPPRESS
-            action.help = f"{action.help or ''} (default: the preset's)".strip()
-        if action.type is string_to_bool and action.nargs is None:
-            action.nargs, action.const = "?", True
-    for group in source._action_groups:
-        group._group_actions[:] = [a for a in group._group_actions if a.dest not in exclude]
-    source._actions[:] = [a for a in source._actions if a.dest not in exclude]
-    parser._add_container_actions(source)  # what argparse's ``parents=`` does
-
-
-def given(args: argparse.Namespace, dataclass_type: type) -> dict[str, Any]:
-    """The fields of ``dataclass_type`` present in ``args`` (for preset fields: only those the user gave)."""
-    return {
-        f.name: getattr(args, f.name) for f in dataclasses.fields(dataclass_type) if hasattr(args, f.name)
-    }
+def step_tokens(block_size: int, *, per_device_batch: int, accumulation: int, world_size: int) -> int:
+    """Tokens in one optimizer step's global batch: ``block_size`` x ``per_device_batch`` blocks x
+    ``accumulation`` micro-batches x ``world_size`` processes."""
+    return block_size * per_device_batch * accumulation * world_size
 
 
 def tokens_per_step(block_size: int, settings: TrainingArguments) -> int:
-    """Tokens in one optimizer step's global batch (every process, every accumulated micro-batch)."""
-    return (
-        block_size
-        * settings.per_device_train_batch_size
-        * settings.gradient_accumulation_steps
-        * settings.world_size
+    """Tokens in one optimizer step's global batch of a run with ``settings`` (every process, every accumulated
+    micro-batch; :func:`step_tokens`)."""
+    return step_tokens(
+        block_size,
+        per_device_batch=settings.per_device_train_batch_size,
+        accumulation=settings.gradient_accumulation_steps,
+        world_size=settings.world_size,
     )

@@ -1,0 +1,104 @@
+"""``difftransformer plan``: what a training run of a preset needs, printed before it starts.
+
+Options: ``--world-size``, then ``train``'s preset and training options (``--output-dir`` excepted). The estimate
+itself (parameter counts, memory per device under DDP and FSDP, tokens per step) is
+:mod:`difftransformer.train.plan`; this module reads the command line into its :class:`~.plan.ParallelSetup` and
+prints the :class:`~.plan.Plan`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from transformers.trainer_utils import FSDPOption
+
+from difftransformer.flags import add_flags, given
+from difftransformer.train.cli import resolved_preset
+from difftransformer.train.plan import GIB, ParallelSetup, Plan, make_plan
+from difftransformer.train.presets import PRESETS, RECIPE
+from difftransformer.train.settings import PresetOptions, TrainingSettings
+
+KIND_NAMES = {"diff": "DIFF", "softmax": "baseline", "diff_v2": "DIFF V2"}
+
+
+def format_plan(plan: Plan) -> str:
+    """The plan as the ``plan`` command prints it."""
+    preset, setup = plan.preset, plan.setup
+    batch = preset.training["per_device_train_batch_size"]
+    accumulation = preset.training["gradient_accumulation_steps"]
+    lines = [
+        f"preset {preset.name}: {preset.description}",
+        f"tokens per optimizer step: {preset.block_size} x {batch} blocks x {accumulation} accumulated x "
+        f"{setup.world_size} processes = {plan.tokens_per_step:,}",
+        "",
+        "parameters:",
+    ]
+    for kind in plan.kinds:
+        config = kind.config
+        lines.append(
+            f"  {KIND_NAMES[kind.kind]:<9} {kind.counts.total:>15,}  ({config.num_attention_heads} heads, "
+            f"{kind.counts.per_layer:,} per layer, {kind.counts.outside_layers:,} in embeddings, norm and head)"
+        )
+    precision = "bf16 mixed precision" if setup.bf16 else "float32"
+    checkpointing = "gradient checkpointing" if setup.gradient_checkpointing else "no gradient checkpointing"
+    lines += [
+        "",
+        f"memory per device, GiB ({setup.world_size} processes, {precision}, {checkpointing}, AdamW, micro-batch "
+        f"{batch} x {preset.block_size} tokens; FSDP: {' '.join(setup.fsdp)}):",
+    ]
+    shown = [k for k in plan.kinds if k.kind in ("diff", "softmax")]
+    header = "".join(f"{KIND_NAMES[k.kind] + ' ' + engine:>16}" for k in shown for engine in ("DDP", "FSDP"))
+    lines.append(f"  {'':<16}{header}")
+    for label in ("weights", "gradients", "optimizer_state", "activations", "total"):
+        cells = "".join(
+            f"{getattr(getattr(k, engine), label) / GIB:>16.2f}" for k in shown for engine in ("ddp", "fsdp")
+        )
+        lines.append(f"  {label.replace('_', ' '):<16}{cells}")
+    if not setup.bf16:
+        lines.append(
+            "  (train turns --bf16 on by itself on a GPU that supports it: add --bf16 to plan for that)"
+        )
+    if setup.world_size > 1 and accumulation % setup.world_size == 0:
+        lines.append(
+            f"batch flags are per process: --gradient-accumulation-steps {accumulation // setup.world_size} keeps "
+            f"the preset's {plan.tokens_per_step // setup.world_size:,} tokens per step on {setup.world_size} processes"
+        )
+    return "\n".join(lines)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """``plan``'s options: the world size, then ``train``'s preset and training options (output dir excepted)."""
+    parser.add_argument(
+        "--world-size",
+        type=int,
+        default=1,
+        help="processes (one per device) the run is planned for (default: 1)",
+    )
+    parser.epilog = "presets: " + ", ".join(PRESETS)
+    add_flags(parser, PresetOptions)
+    add_flags(parser, TrainingSettings, preset_fields=frozenset(RECIPE), exclude=frozenset({"output_dir"}))
+
+
+def parallel_setup(args: argparse.Namespace) -> ParallelSetup:
+    """The :class:`ParallelSetup` of a command line (``--fsdp`` bare or absent: full_shard)."""
+    options = given(vars(args), TrainingSettings)
+    fsdp = options.get("fsdp")
+    words = tuple(fsdp.split()) if isinstance(fsdp, str) else (FSDPOption.FULL_SHARD.value,)
+    checkpointing = options.get("activation_checkpointing") or options.get("gradient_checkpointing")
+    return ParallelSetup(
+        world_size=args.world_size,
+        fsdp=words,
+        bf16=bool(options.get("bf16")),
+        gradient_checkpointing=bool(checkpointing),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the plan, and a note when the optimizer is not the AdamW the estimate models."""
+    print(format_plan(make_plan(resolved_preset(args), parallel_setup(args))))
+    optimizer = str(given(vars(args), TrainingSettings).get("optim", "adamw_torch"))
+    if not optimizer.startswith("adamw") or "8bit" in optimizer:
+        print(
+            f"(--optim {optimizer} is not modelled: the optimizer state above is AdamW's 8 bytes per parameter)"
+        )
+    return 0
