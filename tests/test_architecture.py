@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "difftransformer"
 # Lower first. A package may import its own modules and those of any package of a lower rank; packages of one
 # rank do not import each other. The top rank holds the commands and tools that may use everything.
 RANKS: dict[str, int] = {
+    "errors": -1,
     "storage": 0,
     "stats": 0,
     "flags": 0,
@@ -33,8 +34,19 @@ RANKS: dict[str, int] = {
     "__init__": 7,
 }
 # eval works on any causal LM: it needs the models, their layers (logit hooks), the data, the storage, the
-# statistics, the plots and the flag generator (its options become flags).
-EVAL_MAY_IMPORT = {"eval", "models", "layers", "ops", "data", "storage", "stats", "plotting", "flags"}
+# statistics, the plots, the usage error and the flag generator (its options become flags).
+EVAL_MAY_IMPORT = {
+    "errors",
+    "eval",
+    "models",
+    "layers",
+    "ops",
+    "data",
+    "storage",
+    "stats",
+    "plotting",
+    "flags",
+}
 
 
 def unit(module_path: Path) -> str:

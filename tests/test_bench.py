@@ -19,6 +19,7 @@ from difftransformer.bench.workloads import (
     random_ids,
     step_peak_bytes,
 )
+from difftransformer.errors import UsageError
 from difftransformer.storage import write_json
 
 TINY = BenchShape(d_model=32, layers=1, diff_heads=2, vocab=64, batch=2)
@@ -131,8 +132,8 @@ def test_bench_command_end_to_end(tmp_path, capsys):
 
 
 def test_bench_command_refuses_bad_options():
-    with pytest.raises(SystemExit, match="repeats must be at least 5"):
+    with pytest.raises(UsageError, match="repeats must be at least 5"):
         cli.run(parse(["--repeats", "3"]))
     if not torch.cuda.is_available():
-        with pytest.raises(SystemExit, match="CUDA is not available"):
+        with pytest.raises(UsageError, match="CUDA is not available"):
             cli.run(parse(["--device", "cuda"]))

@@ -14,6 +14,8 @@ import argparse
 import importlib
 import sys
 
+from difftransformer.errors import UsageError
+
 COMMANDS: dict[str, tuple[str, str]] = {
     "prepare": (
         "difftransformer.data.cli",
@@ -54,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(command).parse_args(argv)
     try:
         return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
-    except (ValueError, FileNotFoundError) as err:
-        # Bad input is the user's to fix: say what was wrong, without a traceback.
+    except UsageError as err:
+        # Bad input is the user's to fix: say what was wrong, without a traceback. Anything else is a bug and
+        # keeps its traceback.
         print(f"difftransformer {args.command}: error: {err}", file=sys.stderr)
         return 2
 

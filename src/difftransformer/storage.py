@@ -1,7 +1,7 @@
 """Files on disk: the project's cache folder, atomic writes and JSON results.
 
-The one module every layer of the package uses for these (it imports nothing from the package), so that a
-reader never sees half a file and every cache lands in the same folder.
+The one module every layer of the package uses for these (it imports nothing from the package but
+:mod:`difftransformer.errors`), so that a reader never sees half a file and every cache lands in the same folder.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
+
+from difftransformer.errors import UsageError
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -78,10 +80,11 @@ def write_json(path: str | os.PathLike, payload: Any) -> Path:
 
 
 def read_json(path: str | os.PathLike) -> Any:
-    """Read a JSON file; a missing, corrupt or truncated one is refused with a ValueError naming it."""
+    """Read a JSON file; a missing, corrupt or truncated one is refused with a UsageError naming it (the user can
+    restore or delete it)."""
     try:
         return json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(
+        raise UsageError(
             f"cannot read {path}: not a readable JSON file (missing, corrupt or truncated): {err}"
         ) from err

@@ -29,6 +29,7 @@ from difftransformer.bench.workloads import (
     step_peak_bytes,
     train_step_fn,
 )
+from difftransformer.errors import UsageError
 from difftransformer.ops import BACKENDS
 from difftransformer.storage import write_json
 
@@ -100,24 +101,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _validate(args: argparse.Namespace) -> None:
     if args.repeats < 5:
-        raise SystemExit(f"--repeats must be at least 5 (a median of 5 runs); got {args.repeats}")
+        raise UsageError(f"--repeats must be at least 5 (a median of 5 runs); got {args.repeats}")
     for name in ("op_lengths", "train_lengths", "decode_batches"):
         if any(n < 1 for n in getattr(args, name)):
-            raise SystemExit(
+            raise UsageError(
                 f"--{name.replace('_', '-')} must be positive integers; got {getattr(args, name)}"
             )
     if args.new_tokens < 2 or args.prompt_len < 1:
-        raise SystemExit(
+        raise UsageError(
             f"--new-tokens must be >= 2 (the first comes from the prompt, the rest are timed) and --prompt-len >= 1; "
             f"got {args.new_tokens} and {args.prompt_len}"
         )
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(
+        raise UsageError(
             f"--device {args.device}: CUDA is not available on this machine (torch {torch.__version__})"
         )
     if args.heads < 1 or args.d_model % (2 * args.heads):
-        raise SystemExit(f"--d-model ({args.d_model}) must be divisible by 2 * --heads ({args.heads})")
+        raise UsageError(f"--d-model ({args.d_model}) must be divisible by 2 * --heads ({args.heads})")
 
 
 def run_check(device: torch.device, dtype: torch.dtype) -> bool:

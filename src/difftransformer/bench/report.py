@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from difftransformer.errors import UsageError
 from difftransformer.storage import atomic_write, read_json
 
 # The project's targets (2 CPU cores, fp32): DIFF / baseline at most this, per (section, setting) prefix.
@@ -75,10 +76,10 @@ def load_json(path: Path) -> dict:
     foreign one is refused with its path."""
     try:
         payload = read_json(path)
-    except ValueError as err:
-        raise ValueError(f"cannot read benchmark results {path}: {err}") from err
+    except UsageError as err:
+        raise UsageError(f"cannot read benchmark results {path}: {err}") from err
     if not isinstance(payload, dict) or "rows" not in payload:
-        raise ValueError(f"{path} is not a benchmark results file (no 'rows')")
+        raise UsageError(f"{path} is not a benchmark results file (no 'rows')")
     return payload
 
 

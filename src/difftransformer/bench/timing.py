@@ -9,6 +9,8 @@ from collections.abc import Callable
 import torch
 from tqdm.auto import tqdm
 
+from difftransformer.errors import UsageError
+
 
 def synchronize(device: torch.device) -> None:
     """Wait for queued kernels (a no-op on CPU), so wall time covers the work."""
@@ -38,7 +40,7 @@ def interleaved_medians(
     Returns, per contender, ``{"median_s": ..., "runs_s": [...]}`` (seconds of wall time per call).
     """
     if repeats < 1 or warmup < 0:
-        raise ValueError(f"repeats must be >= 1 and warmup >= 0; got repeats={repeats}, warmup={warmup}")
+        raise UsageError(f"repeats must be >= 1 and warmup >= 0; got repeats={repeats}, warmup={warmup}")
     for fn in contenders.values():
         for _ in range(warmup):
             fn()
@@ -68,7 +70,7 @@ def interleaved_steps(
     Returns, per contender, ``{"median_s": ..., "runs_s": [...]}`` (seconds of step time per round).
     """
     if repeats < 1 or warmup < 0 or steps < 1:
-        raise ValueError(
+        raise UsageError(
             f"steps and repeats must be >= 1 and warmup >= 0; got steps={steps}, repeats={repeats}, warmup={warmup}"
         )
     runs: dict[str, list[float]] = {name: [] for name in contenders}

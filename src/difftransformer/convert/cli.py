@@ -19,6 +19,7 @@ from difftransformer.convert.folders import (
 )
 from difftransformer.convert.llama import to_llama
 from difftransformer.convert.upcycle import UPCYCLE_KINDS, load_softmax, upcycle
+from difftransformer.errors import MissingInputError
 from difftransformer.models import DiffTransformerConfig, DiffTransformerForCausalLM
 
 
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
             f"--attention {args.attention} upcycles a --from-llama source; got no --from-llama"
         )
     if not source.is_dir():
-        raise FileNotFoundError(f"{source} is not a saved model folder")
+        raise MissingInputError(f"{source} is not a saved model folder")
     check_output(source, output)
     if args.from_diffllama:
         converted = from_diffllama(source, rope_style=args.rope_style)

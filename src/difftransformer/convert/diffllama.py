@@ -19,6 +19,7 @@ from transformers import DiffLlamaConfig, DiffLlamaForCausalLM, PreTrainedConfig
 from transformers.core_model_loading import revert_weight_conversion
 
 from difftransformer.convert.folders import ConversionError, load_folder, model_type
+from difftransformer.errors import UsageError
 from difftransformer.layers import interleaved_to_half_permutation
 from difftransformer.models import DiffTransformerConfig, DiffTransformerForCausalLM
 
@@ -123,7 +124,7 @@ def from_diffllama(
     pairing (the same function).
     """
     if rope_style not in ("half", "interleaved"):
-        raise ValueError(f"rope_style must be 'half' or 'interleaved'; got {rope_style!r}")
+        raise UsageError(f"rope_style must be 'half' or 'interleaved'; got {rope_style!r}")
     diffllama = load_native(source, DiffLlamaForCausalLM, check_diffllama_config)
     src = diffllama.config
     heads, kv_heads, head_dim = src.num_attention_heads // 2, src.num_key_value_heads // 2, src.head_dim

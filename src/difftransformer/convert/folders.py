@@ -14,6 +14,8 @@ from typing import Any
 from safetensors import SafetensorError
 from transformers import PreTrainedModel
 
+from difftransformer.errors import MissingInputError, UsageError
+
 # Files besides the weights and config that travel with a converted model: the tokenizer's and the generation
 # settings (copied after saving, so the source's generation_config.json wins over the default one written).
 CARRIED_FILES = (
@@ -29,7 +31,7 @@ CARRIED_FILES = (
 )
 
 
-class ConversionError(ValueError):
+class ConversionError(UsageError):
     """A model or folder that a conversion cannot take (the message says which field or file, and why)."""
 
 
@@ -38,7 +40,7 @@ def model_type(folder: str | Path) -> str:
     path = Path(folder)
     config = path / "config.json"
     if not config.is_file():
-        raise FileNotFoundError(f"{path} is not a saved model folder (no config.json)")
+        raise MissingInputError(f"{path} is not a saved model folder (no config.json)")
     try:
         fields = json.loads(config.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -55,7 +57,7 @@ def load_folder(load: Callable[..., PreTrainedModel], folder: str | Path, **opti
         return load(folder, **options)
     except (OSError, SafetensorError, ValueError, KeyError, TypeError) as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConversionError(f"cannot load the model in {folder}: {first_line}") from None
+        raise ConversionError(f"cannot load the model in {folder}: {first_line}") from err
 
 
 def check_output(source: Path, output: Path) -> None:

@@ -26,6 +26,7 @@ from difftransformer.convert.diffllama import (
     load_native,
     permute_rotary_rows,
 )
+from difftransformer.errors import UsageError
 from difftransformer.layers import interleaved_to_half_permutation
 from difftransformer.models import DiffTransformerConfig, DiffTransformerForCausalLM
 
@@ -66,7 +67,7 @@ def from_llama(
     permutes q/k rows to the authors' pairing (the same function).
     """
     if rope_style not in ("half", "interleaved"):
-        raise ValueError(f"rope_style must be 'half' or 'interleaved'; got {rope_style!r}")
+        raise UsageError(f"rope_style must be 'half' or 'interleaved'; got {rope_style!r}")
     llama = load_native(source, LlamaForCausalLM, check_llama_config, dtype="auto")
     src = llama.config
     config = DiffTransformerConfig(

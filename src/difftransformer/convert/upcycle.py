@@ -39,6 +39,7 @@ from transformers import LlamaForCausalLM
 
 from difftransformer.convert.folders import ConversionError, load_folder, model_type
 from difftransformer.convert.llama import from_llama
+from difftransformer.errors import UsageError
 from difftransformer.models import DiffTransformerConfig, DiffTransformerForCausalLM
 
 UPCYCLE_KINDS: tuple[str, ...] = ("softmax", "diff_v2", "diff")
@@ -78,7 +79,7 @@ def upcycle(
     lambda vectors. The result keeps ``model``'s dtype (DIFF V1's lambda vectors stay float32) and generation
     config."""
     if attention not in UPCYCLE_KINDS:
-        raise ValueError(f"attention must be one of {UPCYCLE_KINDS}; got {attention!r}")
+        raise UsageError(f"attention must be one of {UPCYCLE_KINDS}; got {attention!r}")
     config = model.config
     if config.attention != "softmax":
         raise ConversionError(

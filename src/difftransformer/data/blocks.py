@@ -25,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from difftransformer.data.corpus import CorpusError
+from difftransformer.errors import UsageError
 from difftransformer.storage import atomic_write, file_sha256
 from difftransformer.storage import cache_dir as default_cache
 
@@ -58,11 +59,11 @@ def packed_blocks(
     the progress bar.
     """
     if not isinstance(block_size, int) or block_size < 2:
-        raise ValueError(f"block_size must be an integer >= 2, got {block_size!r}")
+        raise UsageError(f"block_size must be an integer >= 2, got {block_size!r}")
     if isinstance(texts, str):
         raise TypeError("texts must be a sequence of documents, got a single str")
     if tokenizer.eos_token_id is None:
-        raise ValueError(f"tokenizer {type(tokenizer).__name__} has no EOS token to put between documents")
+        raise UsageError(f"tokenizer {type(tokenizer).__name__} has no EOS token to put between documents")
     stream = texts if callable(texts) else lambda: texts
     key = cache_key(stream(), tokenizer, block_size)
     folder = Path(cache_dir or default_cache()) / "blocks"
@@ -114,7 +115,7 @@ def _num_proc(num_proc: int | None) -> int:
     if num_proc is None:
         return os.cpu_count() or 1
     if not isinstance(num_proc, int) or num_proc < 1:
-        raise ValueError(f"num_proc must be a positive integer, got {num_proc!r}")
+        raise UsageError(f"num_proc must be a positive integer, got {num_proc!r}")
     return num_proc
 
 

@@ -9,6 +9,7 @@ from difftransformer.data.blocks import packed_blocks
 from difftransformer.data.corpus import SPLITS, CorpusError
 from difftransformer.data.files import open_corpus
 from difftransformer.data.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
+from difftransformer.errors import UsageError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -81,7 +82,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Open the corpus, train or load the tokenizer, pack and cache every split, print their sizes."""
     if args.num_proc is not None and args.num_proc < 1:
-        raise ValueError(f"--num-proc must be a positive integer, got {args.num_proc}")
+        raise UsageError(f"--num-proc must be a positive integer, got {args.num_proc}")
     corpus = open_corpus(
         args.data,
         cache_dir=args.cache_dir,

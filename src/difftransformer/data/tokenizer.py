@@ -12,6 +12,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from difftransformer.errors import MissingInputError, UsageError
+
 EOS_TOKEN = "<|endoftext|>"  # ends every document; also the BOS token, as in GPT-2
 PAD_TOKEN = "<|pad|>"  # separate from EOS so that masking padding never masks a document end
 MIN_VOCAB_SIZE = 256 + 2  # every byte plus the two special tokens
@@ -23,7 +25,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> PreTrainedT
     the same for the same texts and vocabulary size. Save it with ``save_pretrained(dir)``; it then loads with
     ``AutoTokenizer.from_pretrained(dir)``."""
     if not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB_SIZE:
-        raise ValueError(
+        raise UsageError(
             f"vocab_size must be an integer >= {MIN_VOCAB_SIZE} (256 bytes + 2 special), got {vocab_size!r}"
         )
     if isinstance(texts, str):
@@ -49,7 +51,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> PreTrainedT
 
     backend.train_from_iterator(counted(texts), trainer)
     if seen == 0:
-        raise ValueError("texts: cannot train a tokenizer on no text")
+        raise UsageError("texts: cannot train a tokenizer on no text")
     return PreTrainedTokenizerFast(
         tokenizer_object=backend, eos_token=EOS_TOKEN, bos_token=EOS_TOKEN, pad_token=PAD_TOKEN
     )
@@ -59,13 +61,13 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """Load a saved tokenizer folder (ours, or any transformers tokenizer with an EOS token); never the hub."""
     path = Path(path).expanduser()
     if not path.is_dir():
-        raise FileNotFoundError(f"tokenizer: {str(path)!r} is not a folder holding a saved tokenizer")
+        raise MissingInputError(f"tokenizer: {str(path)!r} is not a folder holding a saved tokenizer")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as err:
-        raise ValueError(f"tokenizer: cannot load a tokenizer from {path}: {err}") from err
+        raise UsageError(f"tokenizer: cannot load a tokenizer from {path}: {err}") from err
     if tokenizer.eos_token_id is None:
-        raise ValueError(
+        raise UsageError(
             f"tokenizer: {path} defines no EOS token, which separates documents in packed blocks"
         )
     return tokenizer
