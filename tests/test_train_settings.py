@@ -13,6 +13,7 @@ from transformers import TrainerCallback, TrainingArguments
 from transformers.optimization import Adafactor
 
 from difftransformer.cli import main
+from difftransformer.errors import MissingInputError
 from difftransformer.layers.mlp import SwiGLU
 from difftransformer.train import cli as train_cli
 from difftransformer.train.presets import RECIPE, get_preset
@@ -186,7 +187,7 @@ def test_data_is_prepared_with_the_seed_flag(command, tmp_path, monkeypatch):
 
     def stop(**kwargs):
         seen.update(kwargs)
-        raise FileNotFoundError("stopped before any work")
+        raise MissingInputError("stopped before any work")
 
     monkeypatch.setattr("difftransformer.train.pipeline.prepare_data", stop)
     assert main([command, "--output-dir", str(tmp_path), "--seed", "7", "--preset", "micro"]) == 2

@@ -15,11 +15,17 @@ import os
 from difftransformer.compare.runs import run_comparison
 from difftransformer.compare.settings import DEFAULT_NEEDLES, ComparisonSettings
 from difftransformer.compare.variants import Variant, parse_variants
+from difftransformer.errors import UsageError
 from difftransformer.eval.harness import check_harness
 from difftransformer.eval.needle import parse_needle_configs
 from difftransformer.eval.registry import TASKS, get_task, parse_tasks
 from difftransformer.flags import given
-from difftransformer.train.cli import add_recipe_options, resolved_preset, training_options
+from difftransformer.train.cli import (
+    add_recipe_options,
+    checked_training_settings,
+    resolved_preset,
+    training_options,
+)
 from difftransformer.train.pipeline import prepare_preset_data
 from difftransformer.train.settings import DataOptions
 
@@ -37,14 +43,14 @@ def _int_list(text: str, flag: str) -> list[int]:
 def _variants(text: str) -> list[Variant]:
     try:
         return parse_variants(text)
-    except ValueError as err:
+    except UsageError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _tasks(text: str) -> tuple[str, ...]:
     try:
         return parse_tasks(text)
-    except ValueError as err:
+    except UsageError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
@@ -146,7 +152,7 @@ def comparison_settings(args: argparse.Namespace) -> ComparisonSettings:
     limit = args.lm_eval_limit
     if limit is not None:
         if limit <= 0:
-            raise ValueError(f"--lm-eval-limit must be > 0; got {limit}")
+            raise UsageError(f"--lm-eval-limit must be > 0; got {limit}")
         limit = int(limit) if limit >= 1 else limit  # a count from 1 on, a share below
     return ComparisonSettings(
         output_dir=args.output_dir,
@@ -174,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     data_options = DataOptions(**given(vars(args), DataOptions))
     if comparison.init_from:
         if data_options.tokenizer:
-            raise ValueError(
+            raise UsageError(
                 "--tokenizer: --init-from brings the folder's own tokenizer; give one of the two"
             )
         data_options = dataclasses.replace(data_options, tokenizer=comparison.init_from)
@@ -183,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
     # --output-dir is the report's folder here; every run gets its own under it.
     training = {name: value for name, value in training_options(args).items() if name != "output_dir"}
     # Every training option is checked now, before any work (each run builds its own with its folder and seed).
-    preset.training_settings(output_dir=os.path.join(comparison.output_dir, "runs"), **training)
+    checked_training_settings(preset, output_dir=os.path.join(comparison.output_dir, "runs"), **training)
     data = prepare_preset_data(preset, data_options, training["seed"])
     markdown = run_comparison(data, preset, comparison, training)
     print(f"report: {os.path.abspath(markdown)}")

@@ -18,6 +18,7 @@ from difftransformer.compare.report import build_report
 from difftransformer.compare.settings import ComparisonSettings
 from difftransformer.compare.variants import Variant
 from difftransformer.convert.upcycle import initial_model
+from difftransformer.errors import UsageError
 from difftransformer.eval.common import mean_token_nll
 from difftransformer.eval.harness import run_harness
 from difftransformer.eval.registry import TASKS
@@ -116,7 +117,7 @@ def scaled_presets(
         scales = []
         for width in comparison.sizes:
             if width < 2 * head_width or width % (2 * head_width):
-                raise ValueError(
+                raise UsageError(
                     f"--sizes: each width must be a multiple of 2 x head width {head_width}; got {width}"
                 )
             scales.append(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from difftransformer.compare.variants import Variant, parse_variants
+from difftransformer.errors import UsageError
 
 DEFAULT_NEEDLES: tuple[tuple[int, int], ...] = ((1, 1), (2, 2), (4, 2))
 
@@ -46,20 +47,20 @@ class ComparisonSettings:
 
     def __post_init__(self) -> None:
         if self.sizes and self.token_budgets:
-            raise ValueError("give --sizes or --token-budgets, not both")
+            raise UsageError("give --sizes or --token-budgets, not both")
         if self.needle_samples is not None and self.needle_samples < 1:
-            raise ValueError(
+            raise UsageError(
                 f"--needle-samples must be >= 1 (leave needle out of --tasks to skip it); got {self.needle_samples}"
             )
         if self.test_blocks < 1:
-            raise ValueError(f"--test-blocks must be >= 1; got {self.test_blocks}")
+            raise UsageError(f"--test-blocks must be >= 1; got {self.test_blocks}")
         if self.init_from:
             for variant in self.variants:
                 if variant.overrides:
-                    raise ValueError(
+                    raise UsageError(
                         f"--variants: with --init-from the pretrained model fixes every shape; got {variant.spec()}"
                     )
             if self.sizes:
-                raise ValueError(
+                raise UsageError(
                     "--sizes: with --init-from the pretrained model fixes the width; drop --sizes"
                 )

@@ -7,6 +7,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
+from difftransformer.errors import UsageError
 from difftransformer.models import ATTENTION_KINDS, DiffTransformerConfig
 
 KIND_LABELS = {"diff": "DIFF", "softmax": "Transformer", "diff_v2": "DIFF V2"}
@@ -51,13 +52,13 @@ class Variant:
 
     def config(self, base: DiffTransformerConfig) -> DiffTransformerConfig:
         """``base`` (the preset's model of this kind) with the overrides applied; a value the config refuses is a
-        ValueError naming this variant."""
+        UsageError naming this variant."""
         if not self.overrides:
             return base
         try:
             return dataclasses.replace(base, **self.overrides)
         except (TypeError, ValueError) as err:
-            raise ValueError(f"variant {self.spec()}: {err}") from None
+            raise UsageError(f"variant {self.spec()}: {err}") from err
 
     def spec(self) -> str:
         """The text that parses back to this variant."""
@@ -75,14 +76,14 @@ def _split_top_level(text: str) -> list[str]:
         elif char == ")":
             depth -= 1
             if depth < 0:
-                raise ValueError(f"unbalanced ')' in {text!r}")
+                raise UsageError(f"unbalanced ')' in {text!r}")
         if char == "," and depth == 0:
             items.append("".join(current))
             current = []
         else:
             current.append(char)
     if depth:
-        raise ValueError(f"unbalanced '(' in {text!r}")
+        raise UsageError(f"unbalanced '(' in {text!r}")
     items.append("".join(current))
     return [item.strip() for item in items if item.strip()]
 
@@ -98,7 +99,7 @@ def parse_variant(text: str) -> Variant:
     """'diff(subln=none,lambda_init=0.8)' -> Variant('diff', {'subln': 'none', 'lambda_init': 0.8})."""
     match = _VARIANT.match(text)
     if not match or match.group(1) not in ATTENTION_KINDS:
-        raise ValueError(
+        raise UsageError(
             f"a variant is KIND or KIND(FIELD=VALUE,...) with KIND one of {', '.join(ATTENTION_KINDS)}; got {text!r}"
         )
     kind, body = match.group(1), match.group(2)
@@ -107,15 +108,15 @@ def parse_variant(text: str) -> Variant:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise ValueError(f"variant {text!r}: each override is FIELD=VALUE; got {item!r}")
+            raise UsageError(f"variant {text!r}: each override is FIELD=VALUE; got {item!r}")
         if key in _FIXED:
-            raise ValueError(
+            raise UsageError(
                 f"variant {text!r}: {key} is set by the preset and the matched-shape rule and cannot be overridden"
             )
         if key not in DiffTransformerConfig.__dataclass_fields__ and not hasattr(DiffTransformerConfig, key):
-            raise ValueError(f"variant {text!r}: {key!r} is not a DiffTransformerConfig field")
+            raise UsageError(f"variant {text!r}: {key!r} is not a DiffTransformerConfig field")
         if key in overrides:
-            raise ValueError(f"variant {text!r}: {key} given twice")
+            raise UsageError(f"variant {text!r}: {key} given twice")
         overrides[key] = _value(value.strip())
     return Variant(kind, overrides)
 
@@ -125,7 +126,7 @@ def parse_variants(text: str) -> list[Variant]:
     variants = [parse_variant(item) for item in _split_top_level(text)]
     specs = [v.spec() for v in variants]
     if not variants or len(set(specs)) != len(specs):
-        raise ValueError(f"--variants must list distinct variants; got {text!r}")
+        raise UsageError(f"--variants must list distinct variants; got {text!r}")
     return variants
 
 

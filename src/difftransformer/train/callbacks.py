@@ -11,6 +11,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
+from difftransformer.errors import UsageError
 from difftransformer.storage import atomic_write
 
 CSV_FIELDS = (
@@ -123,11 +124,11 @@ class CsvMetrics(TrainerCallback):
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, str]]:
-    """The rows of a metrics CSV written by :class:`CsvMetrics`; ValueError if its header is not ours."""
+    """The rows of a metrics CSV written by :class:`CsvMetrics`; UsageError if its header is not ours."""
     with open(path, newline="") as handle:
         reader = csv.DictReader(handle)
         if tuple(reader.fieldnames or ()) not in (CSV_FIELDS, _EARLIER_FIELDS):
-            raise ValueError(
+            raise UsageError(
                 f"{path} is not a metrics file: header {reader.fieldnames}, expected {CSV_FIELDS}"
             )
         return list(reader)

@@ -17,10 +17,10 @@ import sys
 from tqdm.auto import tqdm
 
 from difftransformer.convert.upcycle import initial_model
+from difftransformer.errors import UsageError
 from difftransformer.flags import add_flags, given
 from difftransformer.models import ATTENTION_KINDS
 from difftransformer.train.checkpoints import last_good_checkpoint
-from difftransformer.train.lock import RunDirectoryLocked
 from difftransformer.train.pipeline import prepare_preset_data
 from difftransformer.train.presets import PRESETS, RECIPE, Preset, get_preset
 from difftransformer.train.runner import is_main_process, train_model
@@ -77,7 +77,15 @@ def resolved_preset(args: argparse.Namespace) -> Preset:
         if name != "preset" and value is not None
     }
     training = {name: value for name, value in given(vars(args), TrainingSettings).items() if name in RECIPE}
-    return dataclasses.replace(preset, **overrides).with_training(**training)
+    preset = dataclasses.replace(preset, **overrides).with_training(**training)
+    for attention in ATTENTION_KINDS:  # the model options are checked now, before any work
+        try:
+            preset.model_config(attention)
+        except UsageError:
+            raise
+        except ValueError as err:  # the model config's refusal of a shape the flags asked for
+            raise UsageError(f"preset {preset.name} with the given model options: {err}") from err
+    return preset
 
 
 def training_options(args: argparse.Namespace) -> dict:
@@ -86,15 +94,26 @@ def training_options(args: argparse.Namespace) -> dict:
     return {name: value for name, value in given(vars(args), TrainingSettings).items() if name not in RECIPE}
 
 
+def checked_training_settings(preset: Preset, **fields) -> TrainingSettings:
+    """``preset.training_settings(**fields)``, where a combination of flags that transformers'
+    ``TrainingArguments`` refuses is a :class:`~difftransformer.errors.UsageError` like any other bad flag."""
+    try:
+        return preset.training_settings(**fields)
+    except UsageError:
+        raise
+    except ValueError as err:
+        raise UsageError(f"training options: {err}") from err
+
+
 def run(args: argparse.Namespace) -> int:
     """Prepare the data, train, print a one-line summary; Ctrl-C stops with a one-line note (exit 130)."""
     preset = resolved_preset(args)
-    settings = preset.training_settings(**training_options(args))
+    settings = checked_training_settings(preset, **training_options(args))
     data_options = DataOptions(**given(vars(args), DataOptions))
     pretrained = None
     if args.init_from:
         if data_options.tokenizer:
-            raise ValueError(
+            raise UsageError(
                 "--tokenizer: --init-from brings the folder's own tokenizer; give one of the two"
             )
         data_options = dataclasses.replace(data_options, tokenizer=args.init_from)
@@ -114,9 +133,6 @@ def run(args: argparse.Namespace) -> int:
             resume=args.resume,
             progress_desc=attention,
         )
-    except (FileExistsError, RunDirectoryLocked) as refusal:
-        # A folder that holds another run, or one being written: the user's to fix, like any bad input.
-        raise ValueError(str(refusal)) from None
     except KeyboardInterrupt:
         checkpoint = last_good_checkpoint(settings.output_dir, quarantine=False)
         where = f"from {checkpoint.name}" if checkpoint else "from step 0 (no checkpoint was finished)"

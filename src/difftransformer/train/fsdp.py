@@ -18,6 +18,8 @@ from accelerate.state import PartialState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 from transformers import Trainer, TrainingArguments
 
+from difftransformer.errors import UsageError
+
 
 def enable_fsdp_on_cpu(trainer: Trainer) -> bool:
     """Give ``trainer`` (just after ``create_accelerator_and_postprocess``) the FSDP it was asked for when it runs
@@ -38,13 +40,13 @@ def enable_fsdp_on_cpu(trainer: Trainer) -> bool:
 
 
 def check_fsdp_state_dict(args: TrainingArguments) -> None:
-    """ValueError unless FSDP (when on) saves full state dicts: the sharded kind leaves no ``model.safetensors`` in
+    """UsageError unless FSDP (when on) saves full state dicts: the sharded kind leaves no ``model.safetensors`` in
     checkpoints or in the run folder."""
     if not args.fsdp:
         return
     kind = str((args.fsdp_config or {}).get("state_dict_type", "FULL_STATE_DICT"))
     if kind != "FULL_STATE_DICT":
-        raise ValueError(
+        raise UsageError(
             f"fsdp_config state_dict_type must be FULL_STATE_DICT (a run's checkpoints and final model are "
             f"safetensors files); got {kind}"
         )

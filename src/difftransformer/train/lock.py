@@ -6,11 +6,17 @@ import errno
 import os
 from pathlib import Path
 
+from difftransformer.errors import UsageError
+
 LOCK_NAME = ".lock"
 
 
-class RunDirectoryLocked(RuntimeError):
+class RunDirectoryLocked(UsageError, RuntimeError):
     """Another live process is writing into the same output directory."""
+
+
+class RunDirectoryTaken(UsageError, FileExistsError):
+    """The output directory holds another run's checkpoints and the run was not asked to resume it."""
 
 
 def _alive(pid: int) -> bool:

@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 
 from difftransformer.data.induction import make_induction_batch
 from difftransformer.data.mqar import MqarSettings, MqarVocabulary, make_mqar_batch, mqar_vocabulary
+from difftransformer.errors import UsageError
 from difftransformer.train.retrieval import NeedleRows
 
 
@@ -37,7 +38,7 @@ class Blocks(Dataset):
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         row = self.blocks[index]
         if self.vocab_size is not None and (int(row.max()) >= self.vocab_size or int(row.min()) < 0):
-            raise ValueError(f"block {index} holds ids outside [0, vocab_size={self.vocab_size})")
+            raise UsageError(f"block {index} holds ids outside [0, vocab_size={self.vocab_size})")
         return {"input_ids": row, "labels": row}
 
 
@@ -57,20 +58,20 @@ class RecallMix:
         for name in ("needle_fraction", "mqar_fraction", "induction_fraction"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name} must lie in [0, 1]; got {value}")
+                raise UsageError(f"{name} must lie in [0, 1]; got {value}")
         if self.needle_fraction + self.mqar_fraction + self.induction_fraction >= 1.0:
-            raise ValueError(
+            raise UsageError(
                 f"needle_fraction + mqar_fraction + induction_fraction must be < 1 (some text must remain); got "
                 f"{self.needle_fraction} + {self.mqar_fraction} + {self.induction_fraction}"
             )
         low, high = self.mqar_pairs
         if not 1 <= low <= high:
-            raise ValueError(
+            raise UsageError(
                 f"mqar_pairs must be (lowest, highest) with 1 <= lowest <= highest; got {self.mqar_pairs}"
             )
 
     def check(self, block_size: int, vocabulary: MqarVocabulary) -> None:
-        """ValueError naming the field when blocks of ``block_size`` tokens cannot hold the mix's rows, MQAR rows
+        """UsageError naming the field when blocks of ``block_size`` tokens cannot hold the mix's rows, MQAR rows
         drawn from ``vocabulary``."""
         if self.mqar_fraction:
             MqarSettings(self.mqar_pairs[1], None, block_size).check(vocabulary)

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from difftransformer.data.needles import CITIES, NEEDLE_TEMPLATE, QUESTION_TEMPLATE, make_needle_sample
+from difftransformer.errors import UsageError
 
 # The question's last line: the answer prefix repeated for each further needle.
 FOLLOW_UP_TEMPLATE = QUESTION_TEMPLATE[QUESTION_TEMPLATE.rindex("\n") :]
@@ -70,11 +71,11 @@ class NeedleRows:
         self.sizer = _EpisodeSizer(tokenizer, number_digits)
         smallest = min(self.sizer.fixed_tokens([c]) for c in CITIES) + 1
         if block_size < 2 * smallest:
-            raise ValueError(
+            raise UsageError(
                 f"block_size must be at least {2 * smallest} for retrieval blocks; got {block_size}"
             )
         if len(self.ids) <= block_size:
-            raise ValueError(
+            raise UsageError(
                 f"the haystack stream must hold more than {block_size} tokens; got {len(self.ids)}"
             )
 

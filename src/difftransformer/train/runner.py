@@ -18,13 +18,14 @@ import torch
 from transformers import PreTrainedTokenizerBase, Trainer, TrainerCallback, default_data_collator, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+from difftransformer.errors import UsageError
 from difftransformer.models import DiffTransformerConfig, DiffTransformerForCausalLM
 from difftransformer.ops import fused_cpu_available
 from difftransformer.storage import read_json, write_json
 from difftransformer.train.callbacks import CsvMetrics, ProgressBar
 from difftransformer.train.checkpoints import CompletionMarker, checkpoints, last_good_checkpoint
 from difftransformer.train.fsdp import check_fsdp_state_dict, enable_fsdp_on_cpu
-from difftransformer.train.lock import RunLock
+from difftransformer.train.lock import RunDirectoryTaken, RunLock
 from difftransformer.train.mixture import Blocks, MixedBlocks
 from difftransformer.train.recall import RecallProbe
 from difftransformer.train.settings import TrainingSettings, tokens_per_step
@@ -97,19 +98,19 @@ def _check_blocks(
 ) -> int:
     for name, blocks in (("train_blocks", train_blocks), ("eval_blocks", eval_blocks)):
         if blocks.dim() != 2 or blocks.dtype != torch.long or blocks.shape[0] == 0:
-            raise ValueError(
+            raise UsageError(
                 f"{name} must be a non-empty (n, T) int64 tensor; got {tuple(blocks.shape)} {blocks.dtype}"
             )
         n = blocks.shape[0]
         rows = blocks if n <= _CHECKED_ROWS else blocks[torch.linspace(0, n - 1, _CHECKED_ROWS).long()]
         if int(rows.max()) >= config.vocab_size or int(rows.min()) < 0:
-            raise ValueError(f"{name} holds ids outside [0, vocab_size={config.vocab_size})")
+            raise UsageError(f"{name} holds ids outside [0, vocab_size={config.vocab_size})")
     if train_blocks.shape[1] != eval_blocks.shape[1]:
-        raise ValueError(
+        raise UsageError(
             f"train and eval blocks differ in length: {train_blocks.shape[1]} vs {eval_blocks.shape[1]}"
         )
     if train_blocks.shape[1] > config.max_position_embeddings:
-        raise ValueError(
+        raise UsageError(
             f"block size {train_blocks.shape[1]} exceeds max_position_embeddings {config.max_position_embeddings}"
         )
     return train_blocks.shape[1]
@@ -252,10 +253,15 @@ _SHAPE_FIELDS = ("attention", "vocab_size", "hidden_size", "intermediate_size", 
 def _check_same_model(checkpoint: Path, config: DiffTransformerConfig) -> None:
     """Refuse to resume ``checkpoint`` when it holds a model of another shape than ``config`` (another preset, or
     other model options): its weights would not load."""
-    saved = DiffTransformerConfig.from_pretrained(checkpoint)  # every field, defaults included
+    try:
+        saved = DiffTransformerConfig.from_pretrained(checkpoint)  # every field, defaults included
+    except (OSError, ValueError) as err:  # a config of another model type, or one our config class refuses
+        raise UsageError(
+            f"--resume: {checkpoint} holds no model this command can resume ({err}); choose another --output-dir"
+        ) from err
     differ = [name for name in _SHAPE_FIELDS if getattr(saved, name) != getattr(config, name)]
     if differ:
-        raise ValueError(
+        raise UsageError(
             f"--resume: {checkpoint} holds another model ("
             + ", ".join(f"{name}={getattr(saved, name)!r}" for name in differ)
             + ") than this command builds ("
@@ -268,7 +274,7 @@ def _checkpoint_to_resume(output_dir: Path, resume: bool) -> Path | None:
     existing = checkpoints(output_dir)
     if not resume:
         if existing:
-            raise FileExistsError(
+            raise RunDirectoryTaken(
                 f"{output_dir} already holds checkpoints ({existing[-1].name}); pass --resume to continue that run "
                 "or choose another --output-dir"
             )
