@@ -32,6 +32,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from difftransformer.data.needles import make_needle_sample
+from difftransformer.errors import UsageError
 from difftransformer.eval.common import is_difftransformer, model_device
 from difftransformer.eval.logits import attention_logits
 from difftransformer.eval.needle import (
@@ -120,7 +121,7 @@ class AttentionOptions(NeedleOptions):
         super().__post_init__()
         for name in ("context_lengths", "needles"):
             if len(getattr(self, name)) != 1:
-                raise ValueError(f"attention takes exactly one {flag(name)} value; got {getattr(self, name)}")
+                raise UsageError(f"attention takes exactly one {flag(name)} value; got {getattr(self, name)}")
 
 
 def run_attention(

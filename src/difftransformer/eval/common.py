@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from difftransformer.errors import MissingInputError, UsageError
+
 
 def seed_everything(seed: int) -> np.random.Generator:
     """Seed Python, NumPy and torch; return a NumPy generator for the task's own draws."""
@@ -34,8 +36,8 @@ def load_model_and_tokenizer(
 ) -> tuple[nn.Module, Any]:
     """Load any local transformers causal LM (ours, a Llama, a DiffLlama) and its tokenizer, in eval mode.
 
-    Raises a ValueError naming the path when it is not a checkpoint directory or has no tokenizer, before
-    any weights are read.
+    Raises a :class:`~difftransformer.errors.UsageError` naming the path when it is not a checkpoint directory or
+    has no tokenizer, before any weights are read, and one naming the folder when transformers cannot load it.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -43,24 +45,44 @@ def load_model_and_tokenizer(
 
     path = Path(path)
     if not (path / "config.json").is_file():
-        raise ValueError(f"--model must be a checkpoint directory with a config.json; got {str(path)!r}")
+        raise MissingInputError(
+            f"--model must be a checkpoint directory with a config.json; got {str(path)!r}"
+        )
     tokenizer = None
     if need_tokenizer:
         tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
         if not any((path / name).is_file() for name in tokenizer_files):
-            raise ValueError(
+            raise UsageError(
                 f"--model {str(path)!r} has no tokenizer (expected one of {', '.join(tokenizer_files)}); "
                 "save the tokenizer next to the weights (tokenizer.save_pretrained(path))"
             )
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = _loaded(AutoTokenizer.from_pretrained, path, "tokenizer")
     torch_dtype = getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype):
-        raise ValueError(f"dtype must be a torch dtype name such as float32 or bfloat16; got {dtype!r}")
+        raise UsageError(f"dtype must be a torch dtype name such as float32 or bfloat16; got {dtype!r}")
     kwargs: dict[str, Any] = {"dtype": torch_dtype}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device).eval()
-    return model, tokenizer
+    try:
+        target = torch.device(device)
+    except RuntimeError as err:
+        raise UsageError(f"--device must name a torch device such as cpu or cuda; got {device!r}") from err
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {device}: CUDA is not available on this machine")
+    model = _loaded(AutoModelForCausalLM.from_pretrained, path, "model", **kwargs)
+    return model.to(target).eval(), tokenizer
+
+
+def _loaded(load, path: Path, what: str, **kwargs: Any) -> Any:
+    """``load(path, **kwargs)`` (a ``from_pretrained``); what transformers or safetensors refuse in a damaged or
+    foreign folder (a config it cannot read, weights missing or truncated) becomes a one-line UsageError."""
+    from safetensors import SafetensorError
+
+    try:
+        return load(path, **kwargs)
+    except (OSError, ValueError, KeyError, SafetensorError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UsageError(f"--model {str(path)!r}: cannot load the {what}: {first_line}") from err
 
 
 def is_difftransformer(model: nn.Module) -> bool:
@@ -78,10 +100,10 @@ def max_context(model: nn.Module) -> int | None:
 def check_context_length(model: nn.Module, length: int, what: str = "--context-lengths") -> None:
     """Refuse a sequence length the model cannot take, before any long work."""
     if length < 1:
-        raise ValueError(f"{what} must be positive; got {length}")
+        raise UsageError(f"{what} must be positive; got {length}")
     limit = max_context(model)
     if limit is not None and length > limit:
-        raise ValueError(
+        raise UsageError(
             f"{what}: {length} tokens exceeds the model's max_position_embeddings = {limit}; "
             "choose a shorter length or a model trained (or extended) for longer contexts"
         )
@@ -123,19 +145,22 @@ def load_texts(
         for name in text_files:
             path = Path(name)
             if not path.is_file():
-                raise ValueError(f"--text-file {str(path)!r} does not exist")
-            texts.append(path.read_text(encoding="utf-8"))
+                raise MissingInputError(f"--text-file {str(path)!r} does not exist")
+            try:
+                texts.append(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError) as err:
+                raise UsageError(f"--text-file {str(path)!r}: cannot read it as UTF-8 text: {err}") from err
         if not any(t.strip() for t in texts):
-            raise ValueError(f"--text-file {list(map(str, text_files))} contain no text")
+            raise UsageError(f"--text-file {list(map(str, text_files))} contain no text")
         return texts
     if split not in ("test", "validation"):
-        raise ValueError(f"split must be 'test' or 'validation' (held-out text); got {split!r}")
+        raise UsageError(f"split must be 'test' or 'validation' (held-out text); got {split!r}")
     from difftransformer.data import load_corpus
 
     splits = load_corpus(data)
     texts = list(getattr(splits, split))
     if not texts:
-        raise ValueError(f"the {split} split of corpus {getattr(splits, 'name', data)!r} is empty")
+        raise UsageError(f"the {split} split of corpus {getattr(splits, 'name', data)!r} is empty")
     return texts
 
 
@@ -152,7 +177,7 @@ def token_stream(tokenizer, texts: Sequence[str], min_tokens: int) -> list[int]:
             ids.append(eos)
         if len(ids) >= min_tokens:
             return ids
-    raise ValueError(f"the held-out texts give {len(ids)} tokens; at least {min_tokens} are needed")
+    raise UsageError(f"the held-out texts give {len(ids)} tokens; at least {min_tokens} are needed")
 
 
 @torch.no_grad()
@@ -160,9 +185,9 @@ def mean_token_nll(model: nn.Module, sequences: torch.Tensor, batch_size: int = 
     """Next-token NLL (nats) averaged over every predicted token of ``sequences`` (n, L), ``batch_size``
     sequences per forward pass (each sequence scores its own L - 1 predictions)."""
     if sequences.dim() != 2 or sequences.shape[0] == 0 or sequences.shape[1] < 2:
-        raise ValueError(f"sequences must be (n >= 1, L >= 2) token ids; got shape {tuple(sequences.shape)}")
+        raise UsageError(f"sequences must be (n >= 1, L >= 2) token ids; got shape {tuple(sequences.shape)}")
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+        raise UsageError(f"batch_size must be >= 1; got {batch_size}")
     was_training = model.training
     model.eval()
     device = model_device(model)

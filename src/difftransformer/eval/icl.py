@@ -30,6 +30,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from difftransformer.data.bbc_news import bbc_news_articles
+from difftransformer.errors import MissingInputError, UsageError
 from difftransformer.eval.common import check_context_length, max_context, model_device
 from difftransformer.eval.options import at_least, not_empty, option, with_settings
 from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task
@@ -65,7 +66,7 @@ _FILLER = "the a of and to in on with for it was is at by from this that very qu
 def synthetic_task(size: int = 400, num_classes: int = 5, words: int = 10, seed: int = 0) -> LabelledData:
     """Topic classification: each text mixes 3 words of its class's topic with filler words."""
     if not 2 <= num_classes <= len(_TOPICS):
-        raise ValueError(f"num_classes must lie in [2, {len(_TOPICS)}]; got {num_classes}")
+        raise UsageError(f"num_classes must lie in [2, {len(_TOPICS)}]; got {num_classes}")
     rng = np.random.default_rng(seed)
     topics = list(_TOPICS)[:num_classes]
     texts, targets = [], []
@@ -85,7 +86,7 @@ def load_labelled_file(
     """Rows of a local .csv (with a header) or .jsonl file; labels become strings."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"--data-file {str(path)!r} does not exist")
+        raise MissingInputError(f"--data-file {str(path)!r} does not exist")
     if path.suffix.lower() == ".csv":
         with path.open(newline="", encoding="utf-8") as handle:
             rows = list(csv.DictReader(handle))
@@ -96,18 +97,18 @@ def load_labelled_file(
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}:{number} is not valid JSON: {err}") from err
+                    raise UsageError(f"{path}:{number} is not valid JSON: {err}") from err
     else:
-        raise ValueError(f"--data-file must end in .csv or .jsonl; got {str(path)!r}")
+        raise UsageError(f"--data-file must end in .csv or .jsonl; got {str(path)!r}")
     return _from_rows(path.name, rows, text_column, label_column)
 
 
 def _from_rows(name: str, rows: Sequence[dict], text_column: str, label_column: str) -> LabelledData:
     if not rows:
-        raise ValueError(f"{name} has no rows")
+        raise UsageError(f"{name} has no rows")
     for column in (text_column, label_column):
         if column not in rows[0]:
-            raise ValueError(f"{name} has no column {column!r}; its columns are {sorted(rows[0])}")
+            raise UsageError(f"{name} has no column {column!r}; its columns are {sorted(rows[0])}")
     return LabelledData(
         name, [str(r[text_column]) for r in rows], [str(r[label_column]).strip() for r in rows]
     )
@@ -120,10 +121,13 @@ def load_hf_dataset(
     try:
         import datasets
     except ImportError as err:
-        raise RuntimeError(
+        raise UsageError(
             "--dataset needs the `datasets` package: pip install 'difftransformer[hub]'"
         ) from err
-    ds = datasets.load_dataset(name, split=split)
+    try:
+        ds = datasets.load_dataset(name, split=split)
+    except (OSError, ValueError) as err:  # no such dataset or split, no hub: the user's to fix
+        raise UsageError(f"--dataset {name!r} split {split!r}: datasets.load_dataset failed: {err}") from err
     feature = ds.features.get(label_column)
     rows = [dict(r) for r in ds]
     if feature is not None and hasattr(feature, "int2str"):
@@ -157,7 +161,7 @@ class LabelScorer:
             tokenizer(" " + label, add_special_tokens=False)["input_ids"] for label in self.labels
         ]
         if any(len(ids) == 0 for ids in self.label_ids):
-            raise ValueError(f"a label name tokenizes to nothing: {self.labels}")
+            raise UsageError(f"a label name tokenizes to nothing: {self.labels}")
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` without special tokens."""
@@ -233,7 +237,7 @@ class IclOptions:
         at_least(self, 1, "test_size", "orderings")
         sources = [name for name in ("data_file", "dataset", "bbc_news") if getattr(self, name)]
         if len(sources) > 1:
-            raise ValueError(f"icl reads one of --data-file, --dataset, --bbc-news; got {', '.join(sources)}")
+            raise UsageError(f"icl reads one of --data-file, --dataset, --bbc-news; got {', '.join(sources)}")
 
 
 def run_icl(
@@ -257,11 +261,11 @@ def run_icl(
     order_shots = options.order_shots
     labels = data.labels
     if len(labels) < 2:
-        raise ValueError(f"{data.name} has {len(labels)} class(es); classification needs at least 2")
+        raise UsageError(f"{data.name} has {len(labels)} class(es); classification needs at least 2")
     order_shots = max(shots) if order_shots is None else order_shots
     most = max([*shots, order_shots])
     if test_size < 1 or most + test_size > len(data.texts):
-        raise ValueError(
+        raise UsageError(
             f"{data.name} has {len(data.texts)} examples; {most} demonstrations + --test-size {test_size} needed"
         )
     rng = np.random.default_rng(seed)

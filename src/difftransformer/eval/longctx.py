@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from difftransformer.errors import UsageError
 from difftransformer.eval.common import (
     check_context_length,
     fit_length,
@@ -78,7 +79,7 @@ def run_longctx(
     check_context_length(model, length, "--length")
     need = length * num_sequences
     if len(token_ids) < need:
-        raise ValueError(
+        raise UsageError(
             f"held-out text gives {len(token_ids)} tokens; {num_sequences} x {length} = {need} are needed"
         )
     sequences = torch.tensor(list(token_ids[:need]), dtype=torch.long).view(num_sequences, length)

@@ -25,6 +25,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from difftransformer.data.mqar import MqarBatch, MqarSettings, make_mqar_batch, mqar_vocabulary
+from difftransformer.errors import UsageError
 from difftransformer.eval.attention import PAPER_ANSWER_SHARE, PAPER_CONTEXT_SHARE, allocation, attention_maps
 from difftransformer.eval.common import check_context_length, max_context, model_device
 from difftransformer.eval.options import at_least, not_empty, option, with_settings
@@ -111,8 +112,8 @@ def run_mqar(
         check_context_length(model, settings.tokens, "--num-pairs / --length (tokens per sequence)")
         try:
             settings.check(vocabulary)
-        except ValueError as err:
-            raise ValueError(f"--num-pairs {settings.num_pairs} / --length {options.length}: {err}") from None
+        except UsageError as err:
+            raise UsageError(f"--num-pairs {settings.num_pairs} / --length {options.length}: {err}") from err
     rng = np.random.default_rng(options.seed)
     rows = []
     for settings in tqdm(settings_per_count, desc="mqar", unit="setting", disable=not progress):
@@ -187,7 +188,7 @@ class MqarTask(Task):
     def light_options(self, light: MqarOptions, suite: SuiteContext) -> MqarOptions:
         pairs = fitting_pairs(suite.context_length, max(light.num_pairs))
         if not pairs:
-            raise ValueError(
+            raise UsageError(
                 f"mqar needs a context of at least 16 tokens; got context_length {suite.context_length}"
             )
         return dataclasses.replace(light, num_pairs=pairs, seed=suite.seed)

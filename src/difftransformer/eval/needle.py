@@ -25,6 +25,7 @@ from difftransformer.data.needles import (
     encode,
     make_needle_sample,
 )
+from difftransformer.errors import UsageError
 from difftransformer.eval.common import capped, check_context_length, max_context, model_device
 from difftransformer.eval.options import at_least, flag, not_empty, option, with_settings
 from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task
@@ -80,11 +81,11 @@ def parse_needle_configs(text: str) -> list[tuple[int, int]]:
         try:
             n, r = (int(x) for x in item.split(":"))
         except ValueError as err:
-            raise ValueError(
+            raise UsageError(
                 f"--needles must be N:R pairs separated by commas (e.g. 1:1,4:2); got {text!r}"
             ) from err
         if not 1 <= r <= n:
-            raise ValueError(f"--needles: each N:R needs 1 <= R <= N; got {item!r}")
+            raise UsageError(f"--needles: each N:R needs 1 <= R <= N; got {item!r}")
         configs.append((n, r))
     return configs
 
@@ -119,7 +120,7 @@ def require_needles_fit(tokenizer, options: NeedleOptions) -> None:
     """ValueError (from :func:`needles_problem`) unless ``options``' needles and question fit its shortest context."""
     problem = needles_problem(tokenizer, options)
     if problem:
-        raise ValueError(problem)
+        raise UsageError(problem)
 
 
 def validate_needle_run(model, tokenizer, stream_len: int, options: NeedleOptions) -> None:
@@ -129,10 +130,10 @@ def validate_needle_run(model, tokenizer, stream_len: int, options: NeedleOption
         check_context_length(model, length)
     for n, _ in options.pairs:
         if n > len(CITIES):
-            raise ValueError(f"--needles: N={n} exceeds the {len(CITIES)} available cities")
+            raise UsageError(f"--needles: N={n} exceeds the {len(CITIES)} available cities")
     require_needles_fit(tokenizer, options)
     if stream_len < max(context_lengths):
-        raise ValueError(
+        raise UsageError(
             f"the haystack gives {stream_len} tokens; --context-lengths needs {max(context_lengths)}"
         )
 
@@ -159,11 +160,11 @@ class NeedleOptions:
         parse_needle_configs(",".join(self.needles))  # refuses anything but N:R pairs with 1 <= R <= N
         for depth in self.depths:
             if not 0.0 <= depth <= 1.0:
-                raise ValueError(f"--depths must lie in [0, 1]; got {list(self.depths)}")
+                raise UsageError(f"--depths must lie in [0, 1]; got {list(self.depths)}")
         for name, fields in (("needle_template", ("{city}", "{number}")), ("question_template", ("{city}",))):
             missing = [f for f in fields if f not in getattr(self, name)]
             if missing:
-                raise ValueError(
+                raise UsageError(
                     f"{flag(name)} must contain {', '.join(missing)}; got {getattr(self, name)!r}"
                 )
 

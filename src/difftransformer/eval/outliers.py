@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from difftransformer.errors import UsageError
 from difftransformer.eval.common import check_context_length, max_context, model_device, token_stream
 from difftransformer.eval.logits import attention_logits, visible_keys
 from difftransformer.eval.options import at_least, option, with_settings
@@ -134,7 +135,7 @@ class OutliersOptions:
     def __post_init__(self) -> None:
         at_least(self, 1, "length", "tokens")
         if self.tokens < self.length:
-            raise ValueError(f"--tokens ({self.tokens}) must be at least --length ({self.length})")
+            raise UsageError(f"--tokens ({self.tokens}) must be at least --length ({self.length})")
 
 
 def run_outliers(
@@ -153,7 +154,7 @@ def run_outliers(
     check_context_length(model, length, "--length")
     num = tokens // length
     if len(token_ids) < num * length:
-        raise ValueError(f"held-out text gives {len(token_ids)} tokens; --tokens needs {num * length}")
+        raise UsageError(f"held-out text gives {len(token_ids)} tokens; --tokens needs {num * length}")
     sequences = torch.tensor(list(token_ids[: num * length]), dtype=torch.long).view(num, length)
     results = dict(
         task="outliers", tokens=num * length, length=length, **collect_outliers(model, sequences, progress)

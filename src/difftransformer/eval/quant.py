@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from difftransformer.errors import UsageError
 from difftransformer.eval.common import (
     check_context_length,
     fit_length,
@@ -62,9 +63,9 @@ def absmax_fake_quantize(
         Same shape and dtype; entries of an all-zero group stay zero.
     """
     if bits < 2:
-        raise ValueError(f"bits must be >= 2; got {bits}")
+        raise UsageError(f"bits must be >= 2; got {bits}")
     if granularity not in GRANULARITIES:
-        raise ValueError(f"granularity must be one of {GRANULARITIES}; got {granularity!r}")
+        raise UsageError(f"granularity must be one of {GRANULARITIES}; got {granularity!r}")
     if logits.dim() != 4:
         raise ValueError(f"logits must be (B, H, T, S); got shape {tuple(logits.shape)}")
     x = logits.float()
@@ -110,7 +111,7 @@ class QuantOptions(NeedleOptions):
         at_least(self, 1, "length", "num_sequences")
         at_least(self, 2, "bits")
         if self.granularity not in GRANULARITIES:
-            raise ValueError(f"--granularity must be one of {GRANULARITIES}; got {self.granularity!r}")
+            raise UsageError(f"--granularity must be one of {GRANULARITIES}; got {self.granularity!r}")
 
     def needle_options(self) -> NeedleOptions:
         """The needle check's options: this object's needle fields."""
@@ -144,7 +145,7 @@ def run_quant(
     check_context_length(model, length, "--length")
     need = length * num_sequences
     if len(token_ids) < need:
-        raise ValueError(
+        raise UsageError(
             f"held-out text gives {len(token_ids)} tokens; {num_sequences} x {length} are needed"
         )
     sequences = torch.tensor(list(token_ids[:need]), dtype=torch.long).view(num_sequences, length)

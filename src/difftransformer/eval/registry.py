@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 
+from difftransformer.errors import UsageError
 from difftransformer.eval.task import Task
 
 TASKS: tuple[str, ...] = (
@@ -26,7 +27,7 @@ TASKS: tuple[str, ...] = (
 def get_task(name: str) -> Task:
     """The task registered as ``name``; an unknown name is a ValueError listing the registered ones."""
     if name not in TASKS:
-        raise ValueError(f"task must be one of {', '.join(TASKS)}; got {name!r}")
+        raise UsageError(f"task must be one of {', '.join(TASKS)}; got {name!r}")
     task = importlib.import_module(f"difftransformer.eval.{name}").TASK
     if task.name != name:
         raise RuntimeError(
@@ -46,7 +47,7 @@ def parse_tasks(text: str) -> tuple[str, ...]:
     unknown = [t for t in tasks if t not in TASKS]
     if unknown or not tasks or len(set(tasks)) != len(tasks):
         problem = f"unknown {', '.join(unknown)}" if unknown else "empty or repeated names"
-        raise ValueError(
+        raise UsageError(
             f"--tasks must be distinct comma-separated names from {', '.join(TASKS)}; got {text!r} ({problem})"
         )
     return tuple(t for t in TASKS if t in tasks)

@@ -17,6 +17,7 @@ from typing import Any
 
 from torch import nn
 
+from difftransformer.errors import UsageError
 from difftransformer.eval.options import to_json
 from difftransformer.eval.registry import TASKS, get_task, parse_tasks
 from difftransformer.eval.task import SuiteContext
@@ -48,12 +49,12 @@ class SuiteSettings:
         parse_tasks(",".join(self.tasks))
         unknown = sorted(set(self.light) - set(TASKS))
         if unknown:
-            raise ValueError(
+            raise UsageError(
                 f"SuiteSettings.light names unknown tasks {unknown}; the tasks are {', '.join(TASKS)}"
             )
         for name in ("context_length", "needle_digits"):
             if getattr(self, name) < 1:
-                raise ValueError(f"SuiteSettings.{name} must be >= 1; got {getattr(self, name)}")
+                raise UsageError(f"SuiteSettings.{name} must be >= 1; got {getattr(self, name)}")
         for task in self.tasks:
             self.light_settings(task)  # the task's options dataclass checks the overrides
 
@@ -88,12 +89,12 @@ def suite_options(
         task = get_task(name)
         try:
             if task.reads_text and context.held_out_tokens < context.context_length:
-                raise ValueError(
+                raise UsageError(
                     f"the held-out texts give {context.held_out_tokens} tokens; {name} needs at least one window "
                     f"of context_length {context.context_length}"
                 )
             options[name] = task.light_options(settings.light_settings(name), context)
-        except ValueError as err:
+        except UsageError as err:  # a setting the task refuses; anything else is a bug and propagates
             if skipped is None:
                 raise
             skipped[name] = str(err)

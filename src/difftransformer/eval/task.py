@@ -30,6 +30,8 @@ from typing import Any, ClassVar, Literal, NamedTuple
 
 from torch import nn
 
+from difftransformer.errors import UsageError
+
 
 class Column(NamedTuple):
     """One column of a task's comparison table: its header, the value in one summary, the digits shown."""
@@ -183,7 +185,7 @@ class Task(ABC):
         known = [f.name for f in dataclasses.fields(self.light)]
         unknown = sorted(set(overrides) - set(known))
         if unknown:
-            raise ValueError(
+            raise UsageError(
                 f"{self.name} has no light setting {', '.join(unknown)}; its settings are {', '.join(known)}"
             )
         return dataclasses.replace(self.light, **overrides)

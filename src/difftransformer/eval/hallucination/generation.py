@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from difftransformer.errors import UsageError
 from difftransformer.eval.common import model_device
 
 Generate = Callable[[str], str]  # prompt -> continuation up to (not including) its first newline
@@ -23,7 +24,7 @@ def greedy_generator(
     from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
     if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1; got {max_new_tokens}")
+        raise UsageError(f"max_new_tokens must be >= 1; got {max_new_tokens}")
     eos = getattr(tokenizer, "eos_token_id", None)
     pad = getattr(tokenizer, "pad_token_id", None)
     config = GenerationConfig(

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from difftransformer.errors import UsageError
 from difftransformer.eval.common import check_context_length, load_model_and_tokenizer, model_device
 from difftransformer.stats import mean
 
@@ -188,7 +189,7 @@ class ModelJudge(Judge):
         yes, no = _first_tokens(tokenizer, YES_WORDS), _first_tokens(tokenizer, NO_WORDS)
         self.yes_ids, self.no_ids = sorted(yes - no), sorted(no - yes)
         if not self.yes_ids or not self.no_ids:
-            raise ValueError(
+            raise UsageError(
                 f"--judge {name}: its tokenizer does not tell 'Yes' from 'No' by their first token"
             )
 
@@ -247,6 +248,6 @@ def load_judge(spec: str | Judge, *, device: str | torch.device = "cpu", dtype: 
 def check_judge_spec(spec: str) -> None:
     """Refuse a judge that is neither "entities" nor a local checkpoint directory, before any long work."""
     if spec != "entities" and not os.path.isfile(os.path.join(spec, "config.json")):
-        raise ValueError(
+        raise UsageError(
             f"--judge must be 'entities' or a local model directory with a config.json; got {spec!r}"
         )

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from difftransformer.data.bbc_news import bbc_news_articles
+from difftransformer.errors import UsageError
 from difftransformer.eval.common import load_texts
 from difftransformer.eval.hallucination.generation import Generate, prompt_tokens
 from difftransformer.eval.hallucination.judges import Judge
@@ -34,7 +35,7 @@ def fit_document(
         return prompt_tokens(tokenizer, prompt) + max_new_tokens <= context_length
 
     if not fits(1):
-        raise ValueError(
+        raise UsageError(
             f"a summary prompt and {max_new_tokens} new tokens (--summary-max-new-tokens) do not fit "
             f"{context_length} tokens even with one word of the document"
         )
@@ -50,7 +51,7 @@ def pick_documents(documents: Sequence[str], count: int | None, seed: int) -> li
     if count is None:
         return list(range(len(documents)))
     if not 1 <= count <= len(documents):
-        raise ValueError(
+        raise UsageError(
             f"--summaries must lie in [1, {len(documents)}] (the documents available); got {count}"
         )
     rng = np.random.default_rng([seed, len(documents)])
@@ -100,10 +101,10 @@ def load_documents(
         name, found = "bbc_news", list(_bbc_news(cache_dir, words))
     elif documents == "held_out":
         if not texts:
-            raise ValueError("documents='held_out' needs held-out texts; none were given")
+            raise UsageError("documents='held_out' needs held-out texts; none were given")
         name, found = "held_out", list(texts)
     elif isinstance(documents, str):
-        raise ValueError(f"documents must be 'bbc_news', 'held_out' or a list of files; got {documents!r}")
+        raise UsageError(f"documents must be 'bbc_news', 'held_out' or a list of files; got {documents!r}")
     else:
         name, found = f"{len(documents)} files", load_texts(documents)
     return name, [cut_words(text, words) for text in found if text.split()]

@@ -26,6 +26,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from difftransformer.data.bbc_news import fetch_bbc_wheel
+from difftransformer.errors import MissingInputError, UsageError
 from difftransformer.eval.common import check_context_length, max_context, model_device
 from difftransformer.eval.hallucination.generation import greedy_generator, prompt_tokens
 from difftransformer.eval.hallucination.judges import Judge, check_judge_spec, load_judge
@@ -97,7 +98,7 @@ class HallucinationOptions:
             object.__setattr__(self, "documents", [self.documents])
         unknown = [f for f in self.families if f not in FAMILIES]
         if not self.families or unknown or len(set(self.families)) != len(self.families):
-            raise ValueError(
+            raise UsageError(
                 f"--families must be distinct names from {', '.join(FAMILIES)}; got {list(self.families)}"
             )
         at_least(
@@ -112,7 +113,7 @@ class HallucinationOptions:
         ):
             missing = [f for f in fields if f not in getattr(self, name)]
             if missing:
-                raise ValueError(
+                raise UsageError(
                     f"{flag(name)} must contain {', '.join(missing)}; got {getattr(self, name)!r}"
                 )
         check_judge_spec(self.judge)
@@ -122,12 +123,12 @@ class HallucinationOptions:
             or (files and len(files) != len(self.documents))
             or len(self.documents) > len(files) + 1
         ):
-            raise ValueError(
+            raise UsageError(
                 f"--documents must be text files, or one of bbc_news, held_out; got {list(self.documents)}"
             )
         missing = [path for path in files if not Path(path).is_file()]
         if missing:
-            raise ValueError(f"--documents {missing[0]!r} does not exist")
+            raise MissingInputError(f"--documents {missing[0]!r} does not exist")
 
     @property
     def source(self) -> str | list[str]:
@@ -195,7 +196,7 @@ def run_hallucination(
     scorer: Judge | None = None
     if "summary" in families:
         if not documents:
-            raise ValueError("the summary family needs documents to summarise; none were given")
+            raise UsageError("the summary family needs documents to summarise; none were given")
         chosen = pick_documents(documents, summaries, seed)
         sources = [cut_words(documents[i], article_words) for i in chosen]
         if fit_context is not None:
@@ -361,7 +362,7 @@ class HallucinationTask(Task):
         if "qa" in light.families:
             distractors = self._fit_distractors(options, suite.tokenizer, suite.context_length)
             if not distractors:
-                raise ValueError(
+                raise UsageError(
                     f"hallucination: no QA document with {list(light.distractors)} distractors fits "
                     f"context_length {suite.context_length}; use fewer distractors or attributes"
                 )
