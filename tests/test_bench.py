@@ -32,23 +32,23 @@ def test_interleaved_steps_takes_turns_step_by_step_and_drops_warmup():
         for name in ("a", "b")
     }
     result = interleaved_steps(contenders, steps=3, repeats=2, warmup=1, device=torch.device("cpu"), desc="t")
-    one_round = ["a:setup", "b:setup", "a", "b", "a", "b", "a", "b"]
+    one_round = ["a:setup", "b:setup", "a", "b", "b", "a", "a", "b"]  # the order turns step by step
     assert calls == one_round * 3
     assert all(len(r["runs_s"]) == 2 and r["median_s"] >= 0 for r in result.values())
     with pytest.raises(ValueError, match="steps"):
         interleaved_steps(contenders, steps=0, repeats=5, warmup=0, device=torch.device("cpu"), desc="t")
 
 
-def test_interleaved_medians_runs_each_contender_in_turn():
+def test_interleaved_medians_runs_each_contender_in_turn_in_a_rotating_order():
     calls = []
     result = interleaved_medians(
-        {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+        {name: (lambda name=name: calls.append(name)) for name in "abc"},
         repeats=5,
         warmup=1,
         device=torch.device("cpu"),
         desc="t",
     )
-    assert calls == ["a", "b"] + ["a", "b"] * 5
+    assert calls == list("abc") + list("abc" "bca" "cab" "abc" "bca")
     assert len(result["a"]["runs_s"]) == 5 and result["a"]["median_s"] >= 0
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         interleaved_medians({}, repeats=0, warmup=0, device=torch.device("cpu"), desc="t")

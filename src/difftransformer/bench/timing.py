@@ -27,6 +27,14 @@ def timed_call(fn: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
+def rotated(names: list[str], turn: int) -> list[str]:
+    """``names`` starting at position ``turn`` (cyclically). A call runs after whatever ran before it evicted the
+    CPU caches; in a fixed order one contender would always follow the same other one (DIFF followed DiffLlama,
+    the largest), so the order turns and each follows every other equally often."""
+    start = turn % len(names)
+    return names[start:] + names[:start]
+
+
 def interleaved_medians(
     contenders: dict[str, Callable[[], object]],
     *,
@@ -35,7 +43,8 @@ def interleaved_medians(
     device: torch.device,
     desc: str,
 ) -> dict[str, dict[str, float | list[float]]]:
-    """Run each callable ``warmup`` times, then ``repeats`` rounds of one call each, in turn.
+    """Run each callable ``warmup`` times, then ``repeats`` rounds of one call each, in turn (the order rotating
+    from round to round, :func:`rotated`).
 
     Returns, per contender, ``{"median_s": ..., "runs_s": [...]}`` (seconds of wall time per call).
     """
@@ -45,9 +54,9 @@ def interleaved_medians(
         for _ in range(warmup):
             fn()
     runs: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in tqdm(range(repeats), desc=desc, unit="round", leave=False):
-        for name, fn in contenders.items():
-            runs[name].append(timed_call(fn, device))
+    for round_index in tqdm(range(repeats), desc=desc, unit="round", leave=False):
+        for name in rotated(list(contenders), round_index):
+            runs[name].append(timed_call(contenders[name], device))
     return {name: {"median_s": statistics.median(r), "runs_s": r} for name, r in runs.items()}
 
 
@@ -61,7 +70,8 @@ def interleaved_steps(
     desc: str,
 ) -> dict[str, dict[str, float | list[float]]]:
     """For work done in many short steps (a decode): each contender is ``(setup, step)``. A round runs every
-    ``setup`` untimed, then ``steps`` turns in which each contender times one ``step``; its figure for the round
+    ``setup`` untimed, then ``steps`` turns in which each contender times one ``step`` (the order rotating from
+    turn to turn, :func:`rotated`); its figure for the round
     is the sum of its step times. Taking turns step by step rather than run by run keeps drift on a timescale of
     seconds out of the ratios (measured: round-to-round DIFF/baseline decode ratios spread over 0.89-1.11 when a
     round ran each contender's whole decode in one go, 0.99-1.03 with turns per step). The first ``warmup``
@@ -78,9 +88,9 @@ def interleaved_steps(
         for setup, _ in contenders.values():
             setup()
         totals = dict.fromkeys(contenders, 0.0)
-        for _ in range(steps):
-            for name, (_, step) in contenders.items():
-                totals[name] += timed_call(step, device)
+        for turn in range(steps):
+            for name in rotated(list(contenders), turn):
+                totals[name] += timed_call(contenders[name][1], device)
         for name, total in totals.items():
             runs[name].append(total)
     runs = {name: r[warmup:] for name, r in runs.items()}

@@ -44,8 +44,9 @@ class LambdaVectors(nn.Module):
         self.k1 = nn.Parameter(torch.empty(dim, dtype=torch.float32))
         self.q2 = nn.Parameter(torch.empty(dim, dtype=torch.float32))
         self.k2 = nn.Parameter(torch.empty(dim, dtype=torch.float32))
-        # (the four tensors, their storages and versions with lambda_init, the value): see forward.
-        self._memo: tuple[tuple[torch.Tensor, ...], tuple[float, ...], float] | None = None
+        # (the value, lambda_init, the sum of the vectors' versions, their four storage addresses, the vectors):
+        # see forward.
+        self._memo: tuple | None = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -73,13 +74,23 @@ class LambdaVectors(nn.Module):
             return self._compute(lambda_init)
         # _parameters directly: nn.Module's attribute lookup would cost a decode step more than the check.
         q1, k1, q2, k2 = self._parameters.values()
-        # The memo holds the tensors it was computed from, so an equal storage address is the same storage.
-        state = (q1.data_ptr(), q1._version, k1.data_ptr(), k1._version, q2.data_ptr(), q2._version)
-        state += (k2.data_ptr(), k2._version, lambda_init)
         memo = self._memo
-        if memo is None or memo[1] != state:
-            memo = self._memo = ((q1, k1, q2, k2), state, float(self._compute(lambda_init).detach()))
-        return memo[2]
+        # The memo holds the tensors it was computed from, so an equal storage address is the same storage.
+        # Compared one by one, without building a tuple: this runs once per layer and decode step.
+        if (
+            memo is None
+            or memo[1] != lambda_init
+            or memo[2] != q1._version + k1._version + q2._version + k2._version
+            or memo[3] != q1.data_ptr()
+            or memo[4] != k1.data_ptr()
+            or memo[5] != q2.data_ptr()
+            or memo[6] != k2.data_ptr()
+        ):
+            versions = q1._version + k1._version + q2._version + k2._version
+            pointers = (q1.data_ptr(), k1.data_ptr(), q2.data_ptr(), k2.data_ptr())
+            value = float(self._compute(lambda_init).detach())
+            memo = self._memo = (value, lambda_init, versions, *pointers, (q1, k1, q2, k2))
+        return memo[0]
 
     def _compute(self, lambda_init: float) -> torch.Tensor:
         dtype = torch.promote_types(self.q1.dtype, torch.float32)
@@ -139,6 +150,7 @@ class DiffAttention(nn.Module):
         self.lambda_init = depth_lambda_init(layer_idx) if lambda_init is None else float(lambda_init)
         self.rope_style, self.is_causal = rope_style, causal
         self.logits_hook: LogitsHook | None = None
+        self._head_norm_memo: HeadNorm | None = None
 
         width = self.head_dim
         self.q_proj = nn.Linear(hidden_size, num_heads * width, bias=False)
@@ -158,6 +170,15 @@ class DiffAttention(nn.Module):
         self.lambda_vectors.reset_parameters()
         if self.subln is not None:
             self.subln.reset_parameters()
+
+    def _head_norm(self, subln: RMSNorm, out_scale: float) -> HeadNorm:
+        """The per-head norm as the operator's argument, built again only when its gain or eps changed (a
+        decode step spent about 0.6% of its time building it)."""
+        gain = subln._parameters.get("weight")
+        norm = self._head_norm_memo
+        if norm is None or norm.weight is not gain or norm.eps != subln.eps or norm.scale != out_scale:
+            norm = self._head_norm_memo = HeadNorm(gain, subln.eps, out_scale)
+        return norm
 
     def lambda_full(self) -> torch.Tensor:
         """The layer's scalar lambda (0-d, float32 or wider): exp(q1.k1) - exp(q2.k2) + lambda_init, not clamped."""
@@ -189,6 +210,22 @@ class DiffAttention(nn.Module):
         """
         batch, q_len, _ = hidden_states.shape
         width, d = self.head_dim, self.map_head_dim
+        out_scale = 1.0 - self.lambda_init  # the paper's fixed output scale, riding on the norm's gain
+        subln = self.subln
+        materialize = output_attentions or output_component_maps or self.logits_hook is not None
+        if not materialize:
+            # Before the projections and the cache update: a decode step's cache copy evicts the CPU caches, and
+            # this Python then ran measurably slower after it.
+            inference = not (torch.is_grad_enabled() or torch.compiler.is_compiling())
+            lambdas = self.lambda_vectors
+            if inference and type(lambdas) is LambdaVectors and _called_plain(lambdas):
+                lambda_full = lambdas.forward(self.lambda_init, inference=True)  # nn.Module.__call__ skipped
+            else:  # a wrapper (PEFT's modules_to_save) or a hook (accelerate's offload) must see the call
+                lambda_full = lambdas(self.lambda_init, inference=inference)
+            # The norm's gain goes to the operator, which fuses it where it can (the C++ decode step), unless a
+            # hook wraps the norm (accelerate's offload loads the gain only for its call): then it is called.
+            fused = subln is not None and _called_plain(subln)
+            norm = self._head_norm(subln, out_scale) if fused else None
         # Rotated in the projections' (B, T, sub-heads, d) layout: each Q/K half is a sub-head that rotates alone.
         cos, sin = position_embeddings[0].unsqueeze(2), position_embeddings[1].unsqueeze(2)
         q = self.q_proj(hidden_states).view(batch, q_len, -1, d)
@@ -200,11 +237,8 @@ class DiffAttention(nn.Module):
             k, v = past_key_values.update(k, v, self.layer_idx)
 
         causal = self.is_causal and attention_mask is None
-        # The paper's fixed (1 - lambda_init) output scale rides on the norm's gain.
-        out_scale = 1.0 - self.lambda_init
-        subln = self.subln
         maps = None
-        if output_attentions or output_component_maps or self.logits_hook is not None:
+        if materialize:
             hook = None if self.logits_hook is None else partial(self.logits_hook, self)
             out, maps = diff_attention_reference(
                 q, k, v, self.lambda_full(), causal=causal, attn_mask=attention_mask, logits_hook=hook,
@@ -212,12 +246,6 @@ class DiffAttention(nn.Module):
             )  # fmt: skip
             out = out * out_scale if subln is None else subln(out, out_scale)
         else:
-            inference = not (torch.is_grad_enabled() or torch.compiler.is_compiling())
-            lambda_full = self.lambda_vectors(self.lambda_init, inference=inference)
-            # The norm's gain goes to the operator, which fuses it where it can (the C++ decode step), unless a
-            # hook wraps the norm (accelerate's offload loads the gain only for its call): then it is called.
-            fused = subln is not None and _called_plain(subln)
-            norm = HeadNorm(subln.weight, subln.eps, out_scale) if fused else None
             out = diff_attention(
                 q, k, v, lambda_full, causal=causal, attn_mask=attention_mask, backend=backend, norm=norm
             )

@@ -17,6 +17,7 @@ from difftransformer.ops.blocked import diff_attention_blocked
 from difftransformer.ops.decode import diff_attention_decode
 from difftransformer.ops.flex import diff_attention_flex
 from difftransformer.ops.fused_cpu import (
+    decode_step_cpu,
     diff_attention_decode_cpu,
     diff_attention_fused_cpu,
     fused_cpu_available,
@@ -46,7 +47,7 @@ _MASKED_KERNELS = {
 def _eager_cpu_float32(q: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
     """Where the C++ kernels run: CPU float32, no mask, outside torch.compile (they are opaque to it)."""
     return (
-        q.device.type == "cpu"
+        q.is_cpu
         and q.dtype == torch.float32
         and attn_mask is None
         and not torch.compiler.is_compiling()
@@ -127,8 +128,8 @@ def diff_attention(
         (B, h, T, 2d): head i's output ``(A1 - lambda A2) V_g``, through ``norm`` if given.
     """
     kernel = choose_backend(q, k, attn_mask, backend)
-    if kernel == "decode_cpu":  # the one kernel that fuses the norm
-        return diff_attention_decode_cpu(q, k, v, lambda_full, causal=causal, scale=scale, norm=norm)
+    if kernel == "decode_cpu":  # the one kernel that fuses the norm; choose_backend saw grad mode off
+        return decode_step_cpu(q, k, v, lambda_full, causal, scale, norm)
     if kernel == "fused_cpu":
         out = diff_attention_fused_cpu(q, k, v, lambda_full, causal=causal, scale=scale)
     else:

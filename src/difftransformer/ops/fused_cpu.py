@@ -95,7 +95,7 @@ def fused_cpu_available() -> bool:
 
 
 def _lambda_value(lambda_full: torch.Tensor | float) -> float:
-    return float(lambda_full.detach()) if isinstance(lambda_full, torch.Tensor) else float(lambda_full)
+    return lambda_full if type(lambda_full) is float else float(lambda_full)
 
 
 class _FusedDiffAttention(torch.autograd.Function):
@@ -178,8 +178,21 @@ def diff_attention_decode_cpu(
     and output scale. No autograd: inputs that require grad are refused while grad mode is on."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise ValueError("the C++ decode kernel has no backward: call it under torch.no_grad()")
-    q, k, v, scale = _kernel_inputs(q, k, v, scale)
-    gain, eps, out_scale = norm if norm is not None else (None, 0.0, 1.0)
-    return _extension().decode(
-        q, k, v, _lambda_value(lambda_full), scale, causal, norm is not None, gain, eps, out_scale
-    )
+    return decode_step_cpu(q, k, v, lambda_full, causal, scale, norm)
+
+
+def decode_step_cpu(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lambda_full: torch.Tensor | float,
+    causal: bool,
+    scale: float | None,
+    norm: HeadNorm | None,
+) -> torch.Tensor:
+    """:func:`diff_attention_decode_cpu` without its autograd check, for a caller that chose this kernel with
+    :func:`~difftransformer.ops.choose_backend` (grad mode off). The kernel checks the layout itself, raising
+    the same ValueErrors as the Python check, which cost a one-token step about 3% (docs/performance.md)."""
+    if norm is None:
+        return _extension().decode(q, k, v, _lambda_value(lambda_full), scale, causal, False, None, 0.0, 1.0)
+    return _extension().decode(q, k, v, _lambda_value(lambda_full), scale, causal, True, *norm)

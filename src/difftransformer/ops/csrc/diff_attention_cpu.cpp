@@ -83,13 +83,31 @@ Strided strided(const torch::Tensor& x) {
   return {x.data_ptr<float>(), x.stride(0), x.stride(1), x.stride(2)};
 }
 
+// The paired layout's rules (ops/common.py, check_diff_inputs), raised as Python ValueErrors with its messages,
+// so the decode step can call the kernel without the Python check (a measurable share of a one-token step).
 void check_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
   for (const auto* x : {&q, &k, &v}) {
-    TORCH_CHECK(x->device().is_cpu() && x->scalar_type() == torch::kFloat32 && x->dim() == 4,
-                "fused CPU differential attention takes 4-D float32 CPU tensors");
-    TORCH_CHECK(x->stride(3) == 1, "fused CPU differential attention needs a contiguous last dimension");
+    TORCH_CHECK_VALUE(x->device().is_cpu() && x->scalar_type() == torch::kFloat32 && x->dim() == 4,
+                      "the C++ differential-attention kernels take 4-D float32 CPU tensors (batch, heads, seq, 2d);"
+                      " got q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes(), " of ", x->scalar_type(), " on ",
+                      x->device());
+    TORCH_CHECK_VALUE(x->stride(3) == 1, "the C++ differential-attention kernels need a contiguous last dimension");
   }
+  const int64_t batch = q.size(0), heads = q.size(1), width = q.size(3), kv_heads = k.size(1);
+  TORCH_CHECK_VALUE(width % 2 == 0, "q's last dim must be 2d (an even number); got ", width);
+  TORCH_CHECK_VALUE(k.size(0) == batch && v.size(0) == batch, "batch sizes differ: q ", batch, ", k ", k.size(0),
+                    ", v ", v.size(0));
+  TORCH_CHECK_VALUE(k.size(3) == width, "k must be (batch, h_kv, kv_len, 2d=", width, "); got ", k.sizes());
+  TORCH_CHECK_VALUE(v.size(1) == kv_heads && v.size(2) == k.size(2) && v.size(3) == width, "v must be (batch, ",
+                    kv_heads, ", ", k.size(2), ", ", width, ") like k; got ", v.sizes());
+  TORCH_CHECK_VALUE(kv_heads > 0 && heads % kv_heads == 0, "differential heads (", heads,
+                    ") must be a multiple of KV heads (", kv_heads, ")");
+  TORCH_CHECK_VALUE(q.size(2) <= k.size(2), "query length (", q.size(2), ") cannot exceed key length (", k.size(2),
+                    ")");
 }
+
+// ``x`` with a contiguous last dimension (a copy only where it is strided).
+torch::Tensor last_dim_contiguous(const torch::Tensor& x) { return x.stride(-1) == 1 ? x : x.contiguous(); }
 
 // Keys query row ``query_pos`` sees among the first ``keys``: all of them, or up to its own position if causal.
 inline int64_t visible(bool causal, int64_t query_pos, int64_t keys) {
@@ -126,6 +144,41 @@ inline float softmax_row(float* s, int64_t valid) {
 #pragma omp simd
   for (int64_t j = 0; j < valid; ++j) s[j] *= inv;
   return m + std::log(sum);
+}
+
+// Dot product of n floats in 16 running sums summed as a tree: a fixed-width loop the compiler keeps in vector
+// registers. (An `omp simd` reduction over two products at once compiled to scalar adds through the stack.)
+inline float dot(const float* a, const float* b, int64_t n) {
+  constexpr int lanes = 16;
+  float acc[lanes] = {};
+  int64_t c = 0;
+  for (; c + lanes <= n; c += lanes)
+    for (int u = 0; u < lanes; ++u) acc[u] += a[c + u] * b[c + u];
+  for (int u = 0; c < n; ++c, ++u) acc[u] += a[c] * b[c];
+  for (int u = 0; u < 8; ++u) acc[u] += acc[u + 8];
+  for (int u = 0; u < 4; ++u) acc[u] += acc[u + 4];
+  return (acc[0] + acc[2]) + (acc[1] + acc[3]);
+}
+
+// o[0:width) = sum over j < keys of w[j] * v[j * row : j * row + width), a block of 64 outputs at a time held in
+// registers across all keys (accumulating into o itself spent the loop on loads and stores of o).
+inline void weighted_rows(const float* w, const float* v, int64_t row, int64_t keys, int64_t width, float* o) {
+  constexpr int block = 64;
+  int64_t c0 = 0;
+  for (; c0 + block <= width; c0 += block) {
+    float acc[block] = {};
+    for (int64_t j = 0; j < keys; ++j) {
+      const float wj = w[j];
+      const float* vj = v + j * row + c0;
+      for (int u = 0; u < block; ++u) acc[u] += wj * vj[u];
+    }
+    std::copy(acc, acc + block, o + c0);
+  }
+  if (c0 < width) {
+    std::fill(o + c0, o + width, 0.0f);
+    for (int64_t j = 0; j < keys; ++j)
+      for (int64_t c = c0; c < width; ++c) o[c] += w[j] * v[j * row + c];
+  }
 }
 
 }  // namespace
@@ -183,7 +236,7 @@ std::vector<torch::Tensor> diff_attention_backward(torch::Tensor grad_out, torch
                                                    torch::Tensor v, torch::Tensor lse, double lambda_full,
                                                    double scale, bool causal, int64_t block_q) {
   check_inputs(q, k, v);
-  check_inputs(grad_out, grad_out, grad_out);
+  TORCH_CHECK(grad_out.sizes() == q.sizes() && grad_out.stride(3) == 1, "grad_out must be q's shape, last dim contiguous");
   TORCH_CHECK(lse.is_contiguous(), "lse must be contiguous");
   const int64_t batch = q.size(0), heads = q.size(1), q_len = q.size(2), width = q.size(3);
   const int64_t kv_heads = k.size(1), kv_len = k.size(2), d = width / 2, rep = heads / kv_heads;
@@ -267,13 +320,20 @@ std::vector<torch::Tensor> diff_attention_backward(torch::Tensor grad_out, torch
 // Inference for a few queries against a long cache (a decode step): per query, both maps' logits are dot
 // products with the cached K1 | K2 rows, and the combined weights A1 - lambda A2 multiply V in ONE pass, so K
 // and V are read once and the multiply-adds are the matched baseline's. Plain vectorized loops: for one query
-// row, BLAS calls measured slower (their fixed cost and a strided K^T product). Returns (B, h, T, 2d) with heads merged in memory, like the forward above.
+// row, BLAS calls measured slower (their fixed cost and a strided K^T product). Returns (B, h, T, 2d) with heads
+// merged in memory, like the forward above.
 // With ``normalize`` each output row then goes through the layer's per-head RMSNorm (gain ``norm_weight`` if
 // defined) times ``out_scale``, which saves a one-token step the norm's eight small tensor ops per layer.
 torch::Tensor diff_attention_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, double lambda_full,
-                                    double scale, bool causal, bool normalize, c10::optional<torch::Tensor> norm_weight,
-                                    double norm_eps, double out_scale) {
+                                    c10::optional<double> scale_opt, bool causal, bool normalize,
+                                    c10::optional<torch::Tensor> norm_weight, double norm_eps, double out_scale) {
+  TORCH_CHECK_VALUE(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be 4-D (batch, heads, seq, 2d); got q ",
+                    q.sizes(), ", k ", k.sizes(), ", v ", v.sizes());
+  q = last_dim_contiguous(q);
+  k = last_dim_contiguous(k);
+  v = last_dim_contiguous(v);
   check_inputs(q, k, v);
+  const double scale = scale_opt.has_value() ? *scale_opt : 1.0 / std::sqrt(static_cast<double>(q.size(3) / 2));
   const float* gain = nullptr;
   if (norm_weight.has_value() && norm_weight->defined()) {
     TORCH_CHECK(norm_weight->scalar_type() == torch::kFloat32 && norm_weight->is_contiguous() &&
@@ -299,14 +359,8 @@ torch::Tensor diff_attention_decode(torch::Tensor q, torch::Tensor k, torch::Ten
       const float* vp = V.at(b, i / rep, 0);
       for (int64_t j = 0; j < keys; ++j) {
         const float* kj = kp + j * K.row;
-        float s1 = 0.0f, s2 = 0.0f;
-#pragma omp simd reduction(+ : s1, s2)
-        for (int64_t c = 0; c < d; ++c) {
-          s1 += q1[c] * kj[c];
-          s2 += q2[c] * kj[d + c];
-        }
-        w1[j] = s1 * alpha;
-        w2[j] = s2 * alpha;
+        w1[j] = dot(q1, kj, d) * alpha;
+        w2[j] = dot(q2, kj + d, d) * alpha;
       }
       const float m1 = row_max(w1.data(), keys), m2 = row_max(w2.data(), keys);
       float l1 = 0.0f, l2 = 0.0f;
@@ -318,14 +372,10 @@ torch::Tensor diff_attention_decode(torch::Tensor q, torch::Tensor k, torch::Ten
         l2 += w2[j];
       }
       const float c1 = 1.0f / l1, c2 = lam / l2;
-      float* o = O.at(b, i, t);
-      std::fill(o, o + width, 0.0f);
-      for (int64_t j = 0; j < keys; ++j) {
-        const float weight = w1[j] * c1 - w2[j] * c2;  // the combined map A1 - lambda A2
-        const float* vj = vp + j * V.row;
 #pragma omp simd
-        for (int64_t c = 0; c < width; ++c) o[c] += weight * vj[c];
-      }
+      for (int64_t j = 0; j < keys; ++j) w1[j] = w1[j] * c1 - w2[j] * c2;  // the combined map A1 - lambda A2
+      float* o = O.at(b, i, t);
+      weighted_rows(w1.data(), vp, V.row, keys, width, o);
       if (normalize) {
         float square_sum = 0.0f;
 #pragma omp simd reduction(+ : square_sum)
