@@ -18,7 +18,6 @@ from difftransformer.ops.decode import diff_attention_decode
 from difftransformer.ops.flex import diff_attention_flex
 from difftransformer.ops.fused_cpu import (
     decode_step_cpu,
-    diff_attention_decode_cpu,
     diff_attention_fused_cpu,
     fused_cpu_available,
 )
