@@ -48,7 +48,7 @@ def test_interleaved_medians_runs_each_contender_in_turn_in_a_rotating_order():
         device=torch.device("cpu"),
         desc="t",
     )
-    assert calls == list("abc") + list("abc" "bca" "cab" "abc" "bca")
+    assert calls == list("abc") + [*"abc", *"bca", *"cab", *"abc", *"bca"]  # warm-up, then 5 rotating rounds
     assert len(result["a"]["runs_s"]) == 5 and result["a"]["median_s"] >= 0
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         interleaved_medians({}, repeats=0, warmup=0, device=torch.device("cpu"), desc="t")
