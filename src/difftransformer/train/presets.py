@@ -184,7 +184,8 @@ PRESETS: dict[str, Preset] = {
         ),
         Preset(
             name="tiny",
-            description="the CPU demo (make demo): minutes on 2 cores, with multi-needle retrieval blocks mixed in",
+            description="4-layer models on 256-token blocks with multi-needle retrieval blocks mixed in, minutes on "
+            "2 cores (the demo before the retrieval preset)",
             hidden_size=128,
             num_hidden_layers=4,
             diff_heads=2,
@@ -227,8 +228,9 @@ PRESETS: dict[str, Preset] = {
         ),
         Preset(
             name="retrieval",
-            description="the retrieval study (make study-retrieval): 2-layer models learning in-context recall "
-            "from MQAR and induction rows beside text, minutes a run on 2 cores (docs/results/retrieval)",
+            description="the demo and the retrieval study (make demo, make study-retrieval): 2-layer models "
+            "learning in-context recall from MQAR and induction rows beside text, minutes a run on 2 cores "
+            "(docs/results/retrieval)",
             hidden_size=64,
             num_hidden_layers=2,
             diff_heads=2,
