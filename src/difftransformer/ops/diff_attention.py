@@ -64,7 +64,8 @@ def choose_backend(
 
     - T <= 16 queries (decode, short blocks): "decode", which reads the cache once, as the baseline's step.
     - CPU float32 without a mask (causal or full), outside ``torch.compile``, where the C++ kernel builds:
-      "fused_cpu", both maps streamed in one pass (the baseline's backward work, no copies).
+      "fused_cpu", both maps of a block of query rows formed, combined and multiplied with V once (the
+      baseline's work, forward and backward, no copies).
     - other CPU float32/float64 with S <= 512 keys: "blocked", the baseline's FLOPs, maps one query block at a time.
     - otherwise "sdpa": stock fused kernels (flash on GPU; on CPU the fused kernel wins for long keys
       even at twice the work, because the blocked path's maps leave the cache).
@@ -118,7 +119,7 @@ def diff_attention(
         scale: logit scale, default 1 / sqrt(d).
         backend: "reference" (materialized maps, exact), "sdpa" (two fused SDPA calls over V's halves),
             "blocked" (the baseline's FLOPs, maps one query block at a time), "decode" (few queries: K and V
-            read once), "fused_cpu" (C++ streaming kernel, CPU float32, no attn_mask), "flex" (compiled
+            read once), "fused_cpu" (C++ kernel, CPU float32, no attn_mask), "flex" (compiled
             FlexAttention, one call with the 2d-wide V; inference only on the CPU), or "auto"
             (:func:`choose_backend`, which never picks "flex": it is not measured ahead of the others).
         norm: the per-head RMSNorm and output scale to apply to each head's output, or None.
