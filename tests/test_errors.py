@@ -68,13 +68,20 @@ def test_the_refusals_of_each_package_are_usage_errors(refusal):
     assert issubclass(refusal, UsageError)
 
 
-def test_bad_train_flags_are_refused_in_one_line_before_any_work(tmp_path, capsys):
-    # The model config refuses the shape (models' own ValueError), caught where the flags are read.
-    argv = ["train", "--output-dir", str(tmp_path / "run"), "--preset", "micro", "--vocab-size", "0"]
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        # The model config refuses the shape (models' own ValueError), caught where the flags are read.
+        (["--vocab-size", "0"], "vocab_size must be a positive integer; got 0"),
+        (["--max-position-embeddings", "8"], "--max-position-embeddings must be at least --block-size (256)"),
+    ],
+)
+def test_bad_train_flags_are_refused_in_one_line_before_any_work(flags, message, tmp_path, capsys):
+    argv = ["train", "--output-dir", str(tmp_path / "run"), "--preset", "micro", *flags]
     capsys.readouterr()
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "vocab_size must be a positive integer; got 0" in err
+    assert len(err.splitlines()) == 1 and message in err
     assert not (tmp_path / "run").exists()
 
 

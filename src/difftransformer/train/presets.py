@@ -79,6 +79,11 @@ class Preset:
         vocab_size, bos/eos/pad ids) override the preset's."""
         if attention not in ATTENTION_KINDS:
             raise UsageError(f"attention must be one of {ATTENTION_KINDS}; got {attention!r}")
+        if self.max_position_embeddings is not None and self.max_position_embeddings < self.block_size:
+            raise UsageError(
+                f"--max-position-embeddings must be at least --block-size ({self.block_size}), the length the "
+                f"model trains on; got {self.max_position_embeddings}"
+            )
         kwargs = dict(
             vocab_size=self.vocab_size,
             hidden_size=self.hidden_size,
