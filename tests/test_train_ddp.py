@@ -56,3 +56,34 @@ def test_two_processes_match_one(tmp_path):
     assert column(one, "loss")[0] == column(two, "loss")[0] == [1, 2, 3, 4]
     assert column(two, "loss")[1] == pytest.approx(column(one, "loss")[1], abs=1e-5)
     assert column(two, "eval_loss")[1] == pytest.approx(column(one, "eval_loss")[1], abs=1e-5)
+
+
+AT_EXIT = textwrap.dedent(
+    """
+    import sys
+    import torch.distributed as dist
+    from difftransformer.train.runner import destroy_process_group_at_exit
+
+    destroy_process_group_at_exit()  # no group yet: nothing registered
+    dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+    real = dist.destroy_process_group
+
+    def reported(*args, **kwargs):
+        print("destroyed", flush=True)
+        real(*args, **kwargs)
+
+    dist.destroy_process_group = reported
+    destroy_process_group_at_exit()
+    destroy_process_group_at_exit()  # registered once
+    print("exiting", flush=True)
+    """
+)
+
+
+def test_a_finished_run_has_its_process_group_destroyed_at_exit(tmp_path):
+    """Without it, gloo's threads can abort the exiting process (SIGABRT)."""
+    done = subprocess.run(
+        [sys.executable, "-c", AT_EXIT, str(tmp_path / "store")], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["exiting", "destroyed"]

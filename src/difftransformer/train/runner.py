@@ -8,6 +8,8 @@ log, saves configs fit for inference, and guards the output directory.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import math
 import os
 import time
@@ -116,6 +118,25 @@ def _check_blocks(
     return train_blocks.shape[1]
 
 
+def destroy_process_group_at_exit() -> None:
+    """Once a run has finished, have the process group (which accelerate set up for the Trainer) destroyed when
+    the interpreter exits, before it tears itself down: without it gloo's worker threads can abort the exiting
+    process ("terminate called without an active exception", SIGABRT, seen once in a two-process FSDP run).
+    Called only after a run that succeeded, so a failing rank never waits in it for the others; later runs in
+    the same process (a comparison under torchrun) keep the group. Does nothing without a process group."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        _register_destroy_at_exit()
+
+
+@functools.cache
+def _register_destroy_at_exit() -> None:
+    def destroy() -> None:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+    atexit.register(destroy)
+
+
 def is_main_process() -> bool:
     """True in the process that writes files (rank 0, or the only one)."""
     return int(os.environ.get("RANK", "0")) == 0
@@ -201,6 +222,7 @@ def train_model(
         trainer.save_model(str(output_dir))  # final weights (safetensors), config and tokenizer
         if trainer.is_world_process_zero():
             write_json(output_dir / SUMMARY_JSON, asdict(result))
+        destroy_process_group_at_exit()
         return result
     finally:
         if lock is not None:
