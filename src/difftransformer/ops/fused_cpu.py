@@ -192,7 +192,8 @@ def decode_step_cpu(
 ) -> torch.Tensor:
     """:func:`diff_attention_decode_cpu` without its autograd check, for a caller that chose this kernel with
     :func:`~difftransformer.ops.choose_backend` (grad mode off). The kernel checks the layout itself, raising
-    the same ValueErrors as the Python check, which cost a one-token step about 3% (docs/performance.md)."""
+    the same ValueErrors as the Python check, whose share of a one-token step measured about 1% of its time
+    (docs/performance.md)."""
     if norm is None:
         return _extension().decode(q, k, v, _lambda_value(lambda_full), scale, causal, False, None, 0.0, 1.0)
     return _extension().decode(q, k, v, _lambda_value(lambda_full), scale, causal, True, *norm)

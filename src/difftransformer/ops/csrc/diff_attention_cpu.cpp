@@ -146,6 +146,15 @@ inline float softmax_row(float* s, int64_t valid) {
   return m + std::log(sum);
 }
 
+// One query row's two maps from their logits over the ``valid`` keys it sees: each softmax taken in place, then
+// a1 = A1 - lambda A2, the weights that multiply V. Writes both maps' log-sum-exps.
+inline void combined_row(float* a1, float* a2, int64_t valid, float lam, float& lse1, float& lse2) {
+  lse1 = softmax_row(a1, valid);
+  lse2 = softmax_row(a2, valid);
+#pragma omp simd
+  for (int64_t j = 0; j < valid; ++j) a1[j] -= lam * a2[j];
+}
+
 // Dot product of n floats in 16 running sums summed as a tree: a fixed-width loop the compiler keeps in vector
 // registers. (An `omp simd` reduction over two products at once compiled to scalar adds through the stack.)
 inline float dot(const float* a, const float* b, int64_t n) {
@@ -216,11 +225,8 @@ std::vector<torch::Tensor> diff_attention_forward(torch::Tensor q, torch::Tensor
       gemm(false, true, rows, n, d, alpha, qp + d, Q.row, kp + d, K.row, 0.0f, s2.data(), ld);
       for (int r = 0; r < rows; ++r) {
         const int64_t valid = visible(causal, t0 + r + offset, keys), at_row = (b * heads + i) * q_len + t0 + r;
-        float *a1 = &s1[r * ld], *a2 = &s2[r * ld];
-        lse_data[at_row] = softmax_row(a1, valid);
-        lse_data[lse_map + at_row] = softmax_row(a2, valid);
-#pragma omp simd
-        for (int64_t j = 0; j < valid; ++j) a1[j] -= lam * a2[j];
+        float* a1 = &s1[r * ld];
+        combined_row(a1, &s2[r * ld], valid, lam, lse_data[at_row], lse_data[lse_map + at_row]);
         std::fill(a1 + valid, a1 + keys, 0.0f);
       }
       gemm(false, false, rows, width, n, 1.0f, s1.data(), ld, V.at(b, i / rep, 0), V.row, 0.0f, o, O.row);
@@ -316,7 +322,6 @@ std::vector<torch::Tensor> diff_attention_backward(torch::Tensor grad_out, torch
   return {dq, dk, dv, delta2};
 }
 
-
 // Inference for a few queries against a long cache (a decode step): per query, both maps' logits are dot
 // products with the cached K1 | K2 rows, and the combined weights A1 - lambda A2 multiply V in ONE pass, so K
 // and V are read once and the multiply-adds are the matched baseline's. Plain vectorized loops: for one query
@@ -362,18 +367,8 @@ torch::Tensor diff_attention_decode(torch::Tensor q, torch::Tensor k, torch::Ten
         w1[j] = dot(q1, kj, d) * alpha;
         w2[j] = dot(q2, kj + d, d) * alpha;
       }
-      const float m1 = row_max(w1.data(), keys), m2 = row_max(w2.data(), keys);
-      float l1 = 0.0f, l2 = 0.0f;
-#pragma omp simd reduction(+ : l1, l2)
-      for (int64_t j = 0; j < keys; ++j) {
-        w1[j] = exp_nonpositive(w1[j] - m1);
-        w2[j] = exp_nonpositive(w2[j] - m2);
-        l1 += w1[j];
-        l2 += w2[j];
-      }
-      const float c1 = 1.0f / l1, c2 = lam / l2;
-#pragma omp simd
-      for (int64_t j = 0; j < keys; ++j) w1[j] = w1[j] * c1 - w2[j] * c2;  // the combined map A1 - lambda A2
+      float lse1, lse2;  // unused: no backward
+      combined_row(w1.data(), w2.data(), keys, lam, lse1, lse2);
       float* o = O.at(b, i, t);
       weighted_rows(w1.data(), vp, V.row, keys, width, o);
       if (normalize) {
