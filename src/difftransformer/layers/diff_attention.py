@@ -44,9 +44,8 @@ class LambdaVectors(nn.Module):
         self.k1 = nn.Parameter(torch.empty(dim, dtype=torch.float32))
         self.q2 = nn.Parameter(torch.empty(dim, dtype=torch.float32))
         self.k2 = nn.Parameter(torch.empty(dim, dtype=torch.float32))
-        # (the value, lambda_init, the sum of the vectors' versions, their four storage addresses, the vectors):
-        # see forward.
-        self._memo: tuple | None = None
+        # (the four tensors, their storages and versions with lambda_init, the value): see forward.
+        self._memo: tuple[tuple[torch.Tensor, ...], tuple[float, ...], float] | None = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -74,23 +73,13 @@ class LambdaVectors(nn.Module):
             return self._compute(lambda_init)
         # _parameters directly: nn.Module's attribute lookup would cost a decode step more than the check.
         q1, k1, q2, k2 = self._parameters.values()
-        memo = self._memo
         # The memo holds the tensors it was computed from, so an equal storage address is the same storage.
-        # Compared one by one, without building a tuple: this runs once per layer and decode step.
-        if (
-            memo is None
-            or memo[1] != lambda_init
-            or memo[2] != q1._version + k1._version + q2._version + k2._version
-            or memo[3] != q1.data_ptr()
-            or memo[4] != k1.data_ptr()
-            or memo[5] != q2.data_ptr()
-            or memo[6] != k2.data_ptr()
-        ):
-            versions = q1._version + k1._version + q2._version + k2._version
-            pointers = (q1.data_ptr(), k1.data_ptr(), q2.data_ptr(), k2.data_ptr())
-            value = float(self._compute(lambda_init).detach())
-            memo = self._memo = (value, lambda_init, versions, *pointers, (q1, k1, q2, k2))
-        return memo[0]
+        state = (q1.data_ptr(), q1._version, k1.data_ptr(), k1._version, q2.data_ptr(), q2._version)
+        state += (k2.data_ptr(), k2._version, lambda_init)
+        memo = self._memo
+        if memo is None or memo[1] != state:
+            memo = self._memo = ((q1, k1, q2, k2), state, float(self._compute(lambda_init).detach()))
+        return memo[2]
 
     def _compute(self, lambda_init: float) -> torch.Tensor:
         dtype = torch.promote_types(self.q1.dtype, torch.float32)
