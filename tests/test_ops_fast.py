@@ -3,6 +3,8 @@ backward."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from hypothesis import given
@@ -10,6 +12,7 @@ from hypothesis import strategies as st
 
 from difftransformer.ops import (
     HeadNorm,
+    QueryRotary,
     choose_backend,
     diff_attention,
     diff_attention_blocked,
@@ -17,6 +20,7 @@ from difftransformer.ops import (
     diff_attention_fused_cpu,
     diff_attention_reference,
     fused_cpu,
+    rotate_queries,
 )
 from test_ops import TOL, diff_problems, grads, make_inputs
 
@@ -145,6 +149,79 @@ def test_the_per_head_norm_is_the_same_fused_or_applied_after(gain, q_len):
         torch.testing.assert_close(
             diff_attention(q, k, v, lam, backend=backend, norm=HeadNorm(weight, 1e-5, 0.7)), expected
         )
+
+
+def rotated_by_definition(q, cos, sin, style):
+    """Each d-wide half of q (B, h, T, 2d) rotated pair by pair, written out from the RoPE formula (cos and sin
+    (B or 1, T, d/2)); shares no code with the library."""
+    d = q.shape[-1] // 2
+    out = q.clone()
+    for b, head, t, j in itertools.product(*map(range, (q.shape[0], q.shape[1], q.shape[2], d // 2))):
+        c, s = cos[b % cos.shape[0], t, j], sin[b % sin.shape[0], t, j]
+        for offset in (0, d):
+            i0, i1 = (
+                (offset + j, offset + j + d // 2) if style == "half" else (offset + 2 * j, offset + 2 * j + 1)
+            )
+            x0, x1 = q[b, head, t, i0], q[b, head, t, i1]
+            out[b, head, t, i0], out[b, head, t, i1] = x0 * c - x1 * s, x0 * s + x1 * c
+    return out
+
+
+@given(
+    problem=fused_problems(),
+    style=st.sampled_from(["interleaved", "half"]),
+    shared_tables=st.booleans(),
+)
+def test_query_rotary_is_the_same_fused_or_applied_before(problem, style, shared_tables):
+    """diff_attention(rotary=...) takes q unrotated: the C++ decode step rotates it in the kernel, every other
+    kernel gets it rotated first (gradients included); each equals the float64 reference on q rotated by the RoPE
+    formula. Tables of batch 1 serve every sequence."""
+    batch, heads, kv_heads, d, q_len, kv_len, causal, _, _, seed = problem
+    q_len = min(q_len, 16)
+    (q, k, v, lam), _ = make_inputs(batch, heads, kv_heads, d, q_len, kv_len, "none", torch.float64, seed)
+    gen = torch.Generator().manual_seed(seed + 2)
+    angles = torch.rand(1 if shared_tables else batch, q_len, d // 2, generator=gen, dtype=torch.float64) * 6
+    cos, sin = angles.cos(), angles.sin()
+    ref_q = q.detach().requires_grad_()
+    expected, _ = diff_attention_reference(
+        rotated_by_definition(ref_q, cos, sin, style), k.detach(), v.detach(), lam.detach(), causal=causal
+    )
+    with torch.no_grad():
+        inputs = [t.float() for t in (q, k, v, lam)]
+        assert choose_backend(inputs[0], inputs[1]) == "decode_cpu"
+        fused = diff_attention(*inputs, causal=causal, rotary=QueryRotary(cos.float(), sin.float(), style))
+    torch.testing.assert_close(fused.double(), expected, **TOL[torch.float32])
+    rotary = QueryRotary(cos, sin, style)
+    (want,) = grads(expected, [ref_q], seed)
+    for backend in ("reference", "decode", "blocked"):
+        out = diff_attention(
+            q, k.detach(), v.detach(), lam.detach(), causal=causal, backend=backend, rotary=rotary
+        )
+        torch.testing.assert_close(out, expected, **TOL[torch.float64])
+        torch.testing.assert_close(grads(out, [q], seed)[0], want, **TOL[torch.float64])
+
+
+@pytest.mark.parametrize("style", ["interleaved", "half"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotated_queries_stay_heads_merged(style, dtype):
+    """The projection's layout survives the rotation on every path (complex product or plain ops)."""
+    q = torch.randn(2, 7, 3, 16, dtype=dtype).transpose(1, 2)
+    angles = torch.rand(2, 7, 4, dtype=dtype)
+    rotated = rotate_queries(q, QueryRotary(angles.cos(), angles.sin(), style))
+    assert rotated.shape == q.shape and rotated.transpose(1, 2).is_contiguous()
+
+
+def test_the_decode_kernel_refuses_rotary_tables_of_the_wrong_shape():
+    q, k = torch.randn(2, 2, 3, 8), torch.randn(2, 2, 9, 8)
+    good = torch.randn(2, 3, 2)
+    with torch.no_grad():
+        for cos, sin, wrong in [
+            (torch.randn(2, 3, 4), good, "rotary_cos"),
+            (good, torch.randn(3, 3, 2), "rotary_sin"),
+            (good, good.double(), "rotary_sin"),
+        ]:
+            with pytest.raises(ValueError, match=f"{wrong} must be a float32 CPU tensor \\(2 or 1, 3, 2\\)"):
+                diff_attention(q, k, k, 0.5, rotary=QueryRotary(cos, sin, "half"))
 
 
 def test_choose_backend_is_the_one_rule():

@@ -174,20 +174,20 @@ def test_regenerating_changes_nothing_and_every_file_carries_the_hash_of_the_set
     for name, text in code.items():
         assert f"model code {digest};" in text.splitlines()[0], name
     # An edited copy in a folder is reported; an edited package source changes every file's stamp.
-    (tmp_path / "rotary.py").write_text(code["rotary.py"] + "# edited\n")
+    (tmp_path / "layers_rotary.py").write_text(code["layers_rotary.py"] + "# edited\n")
     (tmp_path / "mlp.py").unlink()
-    assert remote_code.stale_model_code(tmp_path) == ["mlp.py", "rotary.py"]
+    assert sorted(remote_code.stale_model_code(tmp_path)) == ["layers_rotary.py", "mlp.py"]
     load = remote_code._load
 
     def edited(name: str):
         module = load(name)
-        if name.endswith(".rotary"):
+        if name.endswith(".layers.rotary"):
             return dataclasses.replace(module, source=module.source + "# edited\n")
         return module
 
     monkeypatch.setattr(remote_code, "_load", edited)
     changed = remote_code.model_code()
-    assert changed["rotary.py"].endswith("# edited\n")
+    assert changed["layers_rotary.py"].endswith("# edited\n")
     assert all(digest not in text.splitlines()[0] for text in changed.values())
 
 

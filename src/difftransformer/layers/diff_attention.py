@@ -13,7 +13,13 @@ from transformers.cache_utils import Cache
 from difftransformer.layers.hooks import LogitsHook
 from difftransformer.layers.norm import RMSNorm
 from difftransformer.layers.rotary import RopeStyle, apply_rotary
-from difftransformer.ops import HeadNorm, diff_attention, diff_attention_reference
+from difftransformer.ops import (
+    HeadNorm,
+    QueryRotary,
+    diff_attention,
+    diff_attention_reference,
+    rotate_queries,
+)
 
 SublnMode = Literal["affine", "plain", "none"]
 SUBLN_MODES: tuple[str, ...] = ("affine", "plain", "none")
@@ -215,11 +221,12 @@ class DiffAttention(nn.Module):
             # hook wraps the norm (accelerate's offload loads the gain only for its call): then it is called.
             fused = subln is not None and _called_plain(subln)
             norm = self._head_norm(subln, out_scale) if fused else None
-        # Rotated in the projections' (B, T, sub-heads, d) layout: each Q/K half is a sub-head that rotates alone.
-        cos, sin = position_embeddings[0].unsqueeze(2), position_embeddings[1].unsqueeze(2)
-        q = self.q_proj(hidden_states).view(batch, q_len, -1, d)
+        # q goes to the operator unrotated with its rotary (which the C++ decode step applies in the kernel). k is
+        # rotated before the cache, in the projection's (B, T, sub-heads, d) layout, each K half a sub-head.
+        rotary = QueryRotary(*position_embeddings, self.rope_style)
+        q = self.q_proj(hidden_states).view(batch, q_len, -1, width).transpose(1, 2)
         k = self.k_proj(hidden_states).view(batch, q_len, -1, d)
-        q = apply_rotary(q, cos, sin, self.rope_style).view(batch, q_len, -1, width).transpose(1, 2)
+        cos, sin = position_embeddings[0].unsqueeze(2), position_embeddings[1].unsqueeze(2)
         k = apply_rotary(k, cos, sin, self.rope_style).view(batch, q_len, -1, width).transpose(1, 2)
         v = self.v_proj(hidden_states).view(batch, q_len, -1, width).transpose(1, 2)
         if past_key_values is not None:
@@ -230,14 +237,15 @@ class DiffAttention(nn.Module):
         if materialize:
             hook = None if self.logits_hook is None else partial(self.logits_hook, self)
             out, maps = diff_attention_reference(
-                q, k, v, self.lambda_full(), causal=causal, attn_mask=attention_mask, logits_hook=hook,
+                rotate_queries(q, rotary), k, v, self.lambda_full(), causal=causal, attn_mask=attention_mask, logits_hook=hook,
                 return_maps=output_attentions or output_component_maps,
             )  # fmt: skip
             out = out * out_scale if subln is None else subln(out, out_scale)
         else:
             out = diff_attention(
-                q, k, v, lambda_full, causal=causal, attn_mask=attention_mask, backend=backend, norm=norm
-            )
+                q, k, v, lambda_full, causal=causal, attn_mask=attention_mask, backend=backend, norm=norm,
+                rotary=rotary,
+            )  # fmt: skip
             if subln is None:
                 out = out * out_scale
             elif not fused:

@@ -1,21 +1,18 @@
-"""Rotary position embedding in both pairings the Differential Transformer world uses.
-
-"interleaved" (the authors' code, GPT-J style) rotates dims (2j, 2j+1) by angle p * theta^(-2j/d);
-"half" (Llama, DiffLlama, NeoX style) rotates dims (j, j + d/2) by the same angle. They are the same function
-up to a fixed permutation of each head's q/k rows (:func:`interleaved_to_half_permutation`).
+"""Rotary position embedding's tables as a module; the rotation is the operator :func:`apply_rotary`
+(:mod:`difftransformer.ops.rotary`), in both pairings, "interleaved" and "half". They are the same function up to a
+fixed permutation of each head's q/k rows (:func:`interleaved_to_half_permutation`).
 """
 
 from __future__ import annotations
-
-from typing import Literal
 
 import torch
 from torch import nn
 from transformers import PreTrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
 
-RopeStyle = Literal["interleaved", "half"]
-ROPE_STYLES: tuple[str, ...] = ("interleaved", "half")
+from difftransformer.ops.rotary import ROPE_STYLES, RopeStyle, apply_rotary
+
+__all__ = ["ROPE_STYLES", "RopeStyle", "RotaryEmbedding", "apply_rotary", "interleaved_to_half_permutation"]
 
 
 class RotaryEmbedding(nn.Module):
@@ -116,31 +113,6 @@ class RotaryEmbedding(nn.Module):
         angles = position_ids.to(compute_dtype).unsqueeze(-1) * self.inv_freq.to(x.device, compute_dtype)
         cos, sin = angles.cos() * self.attention_scaling, angles.sin() * self.attention_scaling
         return cos.to(x.dtype), sin.to(x.dtype)
-
-
-_COMPLEX_DTYPES = (torch.float32, torch.float64)  # have a complex counterpart for the fast path
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: RopeStyle) -> torch.Tensor:
-    """Rotate the last dim of ``x`` (width d); ``cos``/``sin`` broadcast against ``x[..., : d // 2]``. The result
-    keeps x's dtype (under autocast, float32 tables would otherwise lift bf16 q and k above their v)."""
-    if style == "interleaved":
-        if x.dtype in _COMPLEX_DTYPES and cos.dtype == x.dtype and not torch.compiler.is_compiling():
-            # Each interleaved pair is one complex number and the rotation one complex product: the same
-            # multiply-adds in one kernel instead of seven (3-4x faster here, forward and backward).
-            pairs = x.unflatten(-1, (-1, 2))
-            if (
-                pairs.stride(-1) == 1
-                and pairs.storage_offset() % 2 == 0
-                and all(stride % 2 == 0 for stride in pairs.stride()[:-1])
-            ):
-                rotated = torch.view_as_complex(pairs) * torch.complex(cos, sin)
-                return torch.view_as_real(rotated).flatten(-2)
-        x0, x1 = x.unflatten(-1, (-1, 2)).unbind(-1)
-        return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).to(x.dtype)
-    half = x.shape[-1] // 2
-    x0, x1 = x[..., :half], x[..., half:]
-    return torch.cat((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1).to(x.dtype)
 
 
 def interleaved_to_half_permutation(dim: int) -> torch.Tensor:

@@ -13,13 +13,16 @@ from difftransformer.ops.fused_cpu import (
 )
 from difftransformer.ops.norm import HeadNorm, rms_norm
 from difftransformer.ops.reference import diff_attention_reference, masked_softmax
+from difftransformer.ops.rotary import QueryRotary, apply_rotary, rotate_queries
 from difftransformer.ops.sdpa import diff_attention_sdpa
 from difftransformer.ops.softmax import softmax_attention, softmax_attention_reference
 
 __all__ = [
     "BACKENDS",
     "HeadNorm",
+    "QueryRotary",
     "additive_to_bool",
+    "apply_rotary",
     "build_attend_mask",
     "choose_backend",
     "diff_attention",
@@ -33,6 +36,7 @@ __all__ = [
     "fused_cpu_available",
     "masked_softmax",
     "rms_norm",
+    "rotate_queries",
     "softmax_attention",
     "softmax_attention_reference",
 ]

@@ -3,8 +3,8 @@
 The rule (transformers' one ``ALL_ATTENTION_FUNCTIONS[...]`` lookup; flash-linear-attention's "ops have no hidden
 dispatch"): :func:`choose_backend` names the kernel from the requested backend and the inputs, and
 :func:`diff_attention` runs that one kernel. No kernel function chooses another. A layer makes one call,
-passing its per-head norm as an argument, which the kernel fuses where it can (the C++ decode step) and the
-dispatcher applies after it otherwise.
+passing its queries' rotary embedding and its per-head norm as arguments, which the kernel fuses where it can
+(the C++ decode step) and the dispatcher applies before and after it otherwise.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from difftransformer.ops.fused_cpu import (
 )
 from difftransformer.ops.norm import HeadNorm, rms_norm
 from difftransformer.ops.reference import diff_attention_reference
+from difftransformer.ops.rotary import QueryRotary, rotate_queries
 from difftransformer.ops.sdpa import diff_attention_sdpa
 
 Backend = Literal["auto", "reference", "sdpa", "blocked", "decode", "fused_cpu", "flex"]
@@ -106,6 +107,7 @@ def diff_attention(
     scale: float | None = None,
     backend: Backend = "auto",
     norm: HeadNorm | None = None,
+    rotary: QueryRotary | None = None,
 ) -> torch.Tensor:
     """Differential attention in the paired layout (see :mod:`difftransformer.ops.common`).
 
@@ -123,13 +125,16 @@ def diff_attention(
             FlexAttention, one call with the 2d-wide V; inference only on the CPU), or "auto"
             (:func:`choose_backend`, which never picks "flex": it is not measured ahead of the others).
         norm: the per-head RMSNorm and output scale to apply to each head's output, or None.
+        rotary: q is given before its rotary embedding, which rotates each of its halves (Q1 and Q2), or None.
 
     Returns:
         (B, h, T, 2d): head i's output ``(A1 - lambda A2) V_g``, through ``norm`` if given.
     """
     kernel = choose_backend(q, k, attn_mask, backend)
-    if kernel == "decode_cpu":  # the one kernel that fuses the norm; choose_backend saw grad mode off
-        return decode_step_cpu(q, k, v, lambda_full, causal, scale, norm)
+    if kernel == "decode_cpu":  # the one kernel that fuses rotary and norm; choose_backend saw grad mode off
+        return decode_step_cpu(q, k, v, lambda_full, causal, scale, norm, rotary)
+    if rotary is not None:
+        q = rotate_queries(q, rotary)
     if kernel == "fused_cpu":
         out = diff_attention_fused_cpu(q, k, v, lambda_full, causal=causal, scale=scale)
     else:

@@ -29,6 +29,7 @@ import torch
 
 from difftransformer.ops.common import check_diff_inputs
 from difftransformer.ops.norm import HeadNorm
+from difftransformer.ops.rotary import QueryRotary
 from difftransformer.storage import cache_dir
 
 SOURCE = Path(__file__).with_name("csrc") / "diff_attention_cpu.cpp"
@@ -171,14 +172,16 @@ def diff_attention_decode_cpu(
     causal: bool = True,
     scale: float | None = None,
     norm: HeadNorm | None = None,
+    rotary: QueryRotary | None = None,
 ) -> torch.Tensor:
     """Inference for a few queries (a decode step) in the C++ kernel: both maps' logits per cached key, then
     ONE pass over V with the combined weights, K and V read once; q (B, h, T, 2d), k and v (B, h_kv, S, 2d) CPU
     float32 -> (B, h, T, 2d). With ``norm`` each head's output row also goes through the layer's per-head RMSNorm
-    and output scale. No autograd: inputs that require grad are refused while grad mode is on."""
+    and output scale; with ``rotary`` q is given unrotated and each of its halves is rotated in the kernel. No
+    autograd: inputs that require grad are refused while grad mode is on."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise ValueError("the C++ decode kernel has no backward: call it under torch.no_grad()")
-    return decode_step_cpu(q, k, v, lambda_full, causal, scale, norm)
+    return decode_step_cpu(q, k, v, lambda_full, causal, scale, norm, rotary)
 
 
 def decode_step_cpu(
@@ -189,11 +192,15 @@ def decode_step_cpu(
     causal: bool,
     scale: float | None,
     norm: HeadNorm | None,
+    rotary: QueryRotary | None = None,
 ) -> torch.Tensor:
     """:func:`diff_attention_decode_cpu` without its autograd check, for a caller that chose this kernel with
-    :func:`~difftransformer.ops.choose_backend` (grad mode off). The kernel checks the layout itself, raising
-    the same ValueErrors as the Python check, whose share of a one-token step measured about 1% of its time
-    (docs/performance.md)."""
-    if norm is None:
-        return _extension().decode(q, k, v, _lambda_value(lambda_full), scale, causal, False, None, 0.0, 1.0)
-    return _extension().decode(q, k, v, _lambda_value(lambda_full), scale, causal, True, *norm)
+    :func:`~difftransformer.ops.choose_backend` (grad mode off). The kernel checks the layout and the rotary
+    tables itself, raising ValueErrors as the Python checks do, whose share of a one-token step measured about
+    1% of its time (docs/performance.md)."""
+    weight, eps, out_scale = (None, 0.0, 1.0) if norm is None else norm
+    cos, sin, style = (None, None, "interleaved") if rotary is None else rotary
+    return _extension().decode(
+        q, k, v, _lambda_value(lambda_full), scale, causal, norm is not None, weight, eps, out_scale,
+        cos, sin, style == "half",
+    )  # fmt: skip

@@ -14,6 +14,7 @@
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -190,6 +191,25 @@ inline void weighted_rows(const float* w, const float* v, int64_t row, int64_t k
   }
 }
 
+// The rotary embedding of one query row in the paired layout: each d-wide half (Q1, then Q2) rotated by the
+// angles of its position, cos[j * cos_step] and sin[j * sin_step] for j < d/2, pairing dims (2j, 2j+1)
+// ("interleaved") or (j, j + d/2) ("half"), as ops/rotary.py's apply_rotary does.
+inline void rotate_query(const float* q, int64_t d, const float* cos, int64_t cos_step, const float* sin,
+                         int64_t sin_step, bool half, float* out) {
+  const int64_t pairs = d / 2;
+  for (int64_t offset = 0; offset < 2 * d; offset += d) {
+    const float* x = q + offset;
+    float* y = out + offset;
+    for (int64_t j = 0; j < pairs; ++j) {
+      const float c = cos[j * cos_step], s = sin[j * sin_step];
+      const int64_t i0 = half ? j : 2 * j, i1 = half ? j + pairs : 2 * j + 1;
+      const float x0 = x[i0], x1 = x[i1];
+      y[i0] = x0 * c - x1 * s;
+      y[i1] = x0 * s + x1 * c;
+    }
+  }
+}
+
 }  // namespace
 
 // Returns out (B, h, T, 2d) = (A1 - lambda A2) V (memory ordered (B, T, h, 2d), so merging heads is a view) and
@@ -328,10 +348,14 @@ std::vector<torch::Tensor> diff_attention_backward(torch::Tensor grad_out, torch
 // row, BLAS calls measured slower (their fixed cost and a strided K^T product). Returns (B, h, T, 2d) with heads
 // merged in memory, like the forward above.
 // With ``normalize`` each output row then goes through the layer's per-head RMSNorm (gain ``norm_weight`` if
-// defined) times ``out_scale``, which saves a one-token step the norm's eight small tensor ops per layer.
+// defined) times ``out_scale``, which saves a one-token step the norm's eight small tensor ops per layer. With
+// ``rotary_cos`` and ``rotary_sin`` (batch or 1, T, d/2) q is taken before its rotary embedding and rotated here
+// (``rotary_half`` picks the pairing), which saves the step the rotation's tensor ops on q.
 torch::Tensor diff_attention_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, double lambda_full,
                                     c10::optional<double> scale_opt, bool causal, bool normalize,
-                                    c10::optional<torch::Tensor> norm_weight, double norm_eps, double out_scale) {
+                                    c10::optional<torch::Tensor> norm_weight, double norm_eps, double out_scale,
+                                    c10::optional<torch::Tensor> rotary_cos, c10::optional<torch::Tensor> rotary_sin,
+                                    bool rotary_half) {
   TORCH_CHECK_VALUE(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be 4-D (batch, heads, seq, 2d); got q ",
                     q.sizes(), ", k ", k.sizes(), ", v ", v.sizes());
   q = last_dim_contiguous(q);
@@ -349,15 +373,37 @@ torch::Tensor diff_attention_decode(torch::Tensor q, torch::Tensor k, torch::Ten
   const int64_t batch = q.size(0), heads = q.size(1), q_len = q.size(2), width = q.size(3);
   const int64_t kv_heads = k.size(1), kv_len = k.size(2), d = width / 2, rep = heads / kv_heads;
   const int64_t offset = kv_len - q_len;
+  const bool rotate = rotary_cos.has_value() && rotary_cos->defined();
+  TORCH_CHECK_VALUE(rotate == (rotary_sin.has_value() && rotary_sin->defined()),
+                    "rotary_cos and rotary_sin go together: give both or neither");
+  // A table's strides over (batch, query, pair), batch 0 where one row serves every sequence.
+  auto table_strides = [&](const char* name, const torch::Tensor& table) -> std::array<int64_t, 3> {
+    TORCH_CHECK_VALUE(table.device().is_cpu() && table.scalar_type() == torch::kFloat32 && table.dim() == 3 &&
+                          (table.size(0) == batch || table.size(0) == 1) && table.size(1) == q_len &&
+                          table.size(2) == d / 2,
+                      name, " must be a float32 CPU tensor (", batch, " or 1, ", q_len, ", ", d / 2, "); got ",
+                      table.scalar_type(), " ", table.sizes(), " on ", table.device());
+    return {table.size(0) == 1 ? 0 : table.stride(0), table.stride(1), table.stride(2)};
+  };
+  const auto cos_strides = rotate ? table_strides("rotary_cos", *rotary_cos) : std::array<int64_t, 3>{};
+  const auto sin_strides = rotate ? table_strides("rotary_sin", *rotary_sin) : std::array<int64_t, 3>{};
+  const float* cos_data = rotate ? rotary_cos->data_ptr<float>() : nullptr;
+  const float* sin_data = rotate ? rotary_sin->data_ptr<float>() : nullptr;
   auto out = torch::empty({batch, q_len, heads, width}, q.options()).transpose(1, 2);
   const Strided Q = strided(q), K = strided(k), V = strided(v), O = strided(out);
   const float lam = static_cast<float>(lambda_full), alpha = static_cast<float>(scale);
 
   at::parallel_for(0, batch * heads * q_len, 1, [&](int64_t begin, int64_t end) {
-    Scratch w1(kv_len), w2(kv_len);
+    Scratch w1(kv_len), w2(kv_len), rotated(width);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / (heads * q_len), i = item / q_len % heads, t = item % q_len;
       const float* q1 = Q.at(b, i, t);
+      if (rotate) {
+        rotate_query(q1, d, cos_data + b * cos_strides[0] + t * cos_strides[1], cos_strides[2],
+                     sin_data + b * sin_strides[0] + t * sin_strides[1], sin_strides[2], rotary_half,
+                     rotated.data());
+        q1 = rotated.data();
+      }
       const float* q2 = q1 + d;
       const int64_t keys = causal ? std::min(kv_len, t + offset + 1) : kv_len;
       const float* kp = K.at(b, i / rep, 0);
