@@ -192,7 +192,7 @@ def decode_step_cpu(
     causal: bool,
     scale: float | None,
     norm: HeadNorm | None,
-    rotary: QueryRotary | None = None,
+    rotary: QueryRotary | None,
 ) -> torch.Tensor:
     """:func:`diff_attention_decode_cpu` without its autograd check, for a caller that chose this kernel with
     :func:`~difftransformer.ops.choose_backend` (grad mode off). The kernel checks the layout and the rotary
