@@ -237,8 +237,8 @@ class DiffAttention(nn.Module):
         if materialize:
             hook = None if self.logits_hook is None else partial(self.logits_hook, self)
             out, maps = diff_attention_reference(
-                rotate_queries(q, rotary), k, v, self.lambda_full(), causal=causal, attn_mask=attention_mask, logits_hook=hook,
-                return_maps=output_attentions or output_component_maps,
+                rotate_queries(q, rotary), k, v, self.lambda_full(), causal=causal, attn_mask=attention_mask,
+                logits_hook=hook, return_maps=output_attentions or output_component_maps,
             )  # fmt: skip
             out = out * out_scale if subln is None else subln(out, out_scale)
         else:
