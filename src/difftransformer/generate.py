@@ -28,13 +28,13 @@ def check_sampling(
 ) -> None:
     """Refuse sampling settings :func:`generate_text` cannot use (a UsageError naming the flag)."""
     if max_new_tokens < 1:
-        raise UsageError(f"--max-new-tokens must be >= 1; got {max_new_tokens}")
+        raise UsageError(f"`max_new_tokens` must be >= 1; got {max_new_tokens}")
     if temperature < 0:
-        raise UsageError(f"--temperature must be >= 0; got {temperature}")
+        raise UsageError(f"`temperature` must be >= 0; got {temperature}")
     if top_k is not None and top_k < 1:
-        raise UsageError(f"--top-k must be >= 1; got {top_k}")
+        raise UsageError(f"`top_k` must be >= 1; got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:
-        raise UsageError(f"--top-p must be in (0, 1]; got {top_p}")
+        raise UsageError(f"`top_p` must be in (0, 1]; got {top_p}")
 
 
 def load_for_generation(

@@ -118,7 +118,7 @@ def scaled_presets(
         for width in comparison.sizes:
             if width < 2 * head_width or width % (2 * head_width):
                 raise UsageError(
-                    f"--sizes: each width must be a multiple of 2 x head width {head_width}; got {width}"
+                    f"`sizes`: each width must be a multiple of 2 x head width {head_width}; got {width}"
                 )
             scales.append(
                 (

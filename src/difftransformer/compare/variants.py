@@ -126,7 +126,7 @@ def parse_variants(text: str) -> list[Variant]:
     variants = [parse_variant(item) for item in _split_top_level(text)]
     specs = [v.spec() for v in variants]
     if not variants or len(set(specs)) != len(specs):
-        raise UsageError(f"--variants must list distinct variants; got {text!r}")
+        raise UsageError(f"`variants` must list distinct variants; got {text!r}")
     return variants
 
 

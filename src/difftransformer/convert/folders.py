@@ -65,11 +65,11 @@ def check_output(source: Path, output: Path) -> None:
     conversion never writes into its input nor over anything."""
     source, output = source.resolve(), output.resolve()
     if output == source or source in output.parents:
-        raise ConversionError(f"--output-dir must lie outside the source folder {source}; got {output}")
+        raise ConversionError(f"`output_dir` must lie outside the source folder {source}; got {output}")
     if output in source.parents:
-        raise ConversionError(f"--output-dir must not contain the source folder {source}; got {output}")
+        raise ConversionError(f"`output_dir` must not contain the source folder {source}; got {output}")
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
-        raise ConversionError(f"--output-dir must be a new or empty folder; {output} already holds files")
+        raise ConversionError(f"`output_dir` must be a new or empty folder; {output} already holds files")
 
 
 def save_converted(model: PreTrainedModel, source: Path, output: Path) -> None:

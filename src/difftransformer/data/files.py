@@ -277,7 +277,7 @@ def _parquet_documents(path: Path, text_field: str) -> Iterator[str]:
     if text_field not in columns:
         raise CorpusError(
             f"data: {path}: expected a {text_field!r} column, got columns {columns} "
-            "(choose the column with text_field / --text-field)"
+            "(choose the column with `text_field`)"
         )
     kind = table.schema_arrow.field(text_field).type
     if str(kind) not in ("string", "large_string", "string_view"):
@@ -298,7 +298,7 @@ def _record_text(path: Path, where: str, record: object, text_field: str) -> str
         got = f"keys {sorted(record)}" if isinstance(record, dict) else type(record).__name__
         raise CorpusError(
             f"data: {path} {where}: expected an object with a {text_field!r} field, got {got} "
-            "(choose the field with text_field / --text-field)"
+            "(choose the field with `text_field`)"
         )
     value = record[text_field]
     if not isinstance(value, str):
@@ -328,6 +328,6 @@ def _read_hub(name: str, text_field: str) -> Iterator[str]:
         if text_field not in rows.column_names:
             raise CorpusError(
                 f"data: datasets {name!r} split {split!r} has no {text_field!r} column "
-                f"(columns: {rows.column_names}); choose one with text_field / --text-field"
+                f"(columns: {rows.column_names}); choose one with `text_field`"
             )
         yield from (str(t) for t in rows[text_field])

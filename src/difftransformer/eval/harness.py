@@ -35,9 +35,9 @@ def check_harness(include_path: str | os.PathLike | None, batch_size: int) -> No
     """Refuse, before any long work, what :func:`harness_results` cannot run: lm-eval missing, a non-positive
     ``batch_size``, an ``include_path`` that is not a folder."""
     if not isinstance(batch_size, int) or batch_size < 1:
-        raise UsageError(f"batch_size must be a positive integer; got {batch_size!r}")
+        raise UsageError(f"`batch_size` must be a positive integer; got {batch_size!r}")
     if include_path is not None and not Path(include_path).is_dir():
-        raise MissingInputError(f"include_path: {include_path} is not a folder of task YAML files")
+        raise MissingInputError(f"`include_path`: {include_path} is not a folder of task YAML files")
     require_lm_eval()
 
 
@@ -107,9 +107,9 @@ def harness_results(
     """
     path = Path(model_dir)
     if not (path / "config.json").is_file():
-        raise MissingInputError(f"model_dir: {path} is not a saved model folder (no config.json)")
+        raise MissingInputError(f"`model_dir`: {path} is not a saved model folder (no config.json)")
     if isinstance(tasks, str) or not tasks or not all(isinstance(task, str) and task for task in tasks):
-        raise UsageError(f"tasks must be a non-empty list of task names; got {tasks!r}")
+        raise UsageError(f"`tasks` must be a non-empty list of task names; got {tasks!r}")
     check_harness(include_path, batch_size)
     import lm_eval
     from lm_eval.models.huggingface import HFLM
@@ -119,7 +119,7 @@ def harness_results(
     unknown = [task for task in tasks if task not in manager.all_tasks and not Path(task).is_file()]
     if unknown:
         where = f" or under {include_path}" if include_path else ""
-        raise UsageError(f"tasks: lm-eval knows no task {unknown}{where}")
+        raise UsageError(f"`tasks`: lm-eval knows no task {unknown}{where}")
     model = HFLM(
         pretrained=str(path),
         trust_remote_code=True,

@@ -13,6 +13,7 @@ from transformers import TrainerCallback
 
 from difftransformer.errors import UsageError
 from difftransformer.storage import atomic_write
+from difftransformer.train.traces import is_trace_column
 
 CSV_FIELDS = (
     "step",
@@ -74,11 +75,15 @@ class ProgressBar(TrainerCallback):
 
 class CsvMetrics(TrainerCallback):
     """Appends one row per Trainer log to ``path`` (main process only) and flushes it, so a killed run keeps
-    every row it logged. A resumed run drops rows past its restart step first, so the file holds one history."""
+    every row it logged. A resumed run drops rows past its restart step first, so the file holds one history.
+    ``trace_columns`` (:func:`difftransformer.train.traces.trace_columns`) follow :data:`CSV_FIELDS`."""
 
-    def __init__(self, path: str | os.PathLike, tokens_per_step: int) -> None:
+    def __init__(
+        self, path: str | os.PathLike, tokens_per_step: int, trace_columns: tuple[str, ...] = ()
+    ) -> None:
         self.path = Path(path)
         self.tokens_per_step = tokens_per_step
+        self.fields = CSV_FIELDS + tuple(trace_columns)
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
@@ -94,7 +99,7 @@ class CsvMetrics(TrainerCallback):
             rows = read_metrics(self.path)
             with open(self.path, newline="") as handle:
                 current = handle.readline().strip() == ",".join(
-                    CSV_FIELDS
+                    self.fields
                 )  # an earlier file gets the new header
         kept = [row for row in rows if int(row["step"]) <= step]
         if len(kept) != len(rows) or not current:
@@ -102,7 +107,7 @@ class CsvMetrics(TrainerCallback):
 
     def _rewrite(self, rows: list[dict[str, str]]) -> None:
         text = io.StringIO(newline="")
-        writer = csv.DictWriter(text, fieldnames=CSV_FIELDS)
+        writer = csv.DictWriter(text, fieldnames=self.fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
         atomic_write(self.path, text.getvalue())
@@ -112,12 +117,12 @@ class CsvMetrics(TrainerCallback):
             return control
         elapsed = time.perf_counter() - self._start[0]
         steps = state.global_step - self._start[1]
-        row = {key: logs[key] for key in CSV_FIELDS if key in logs}
+        row = {key: logs[key] for key in self.fields if key in logs}
         row.update(step=state.global_step, epoch=state.epoch, wall_seconds=f"{elapsed:.3f}")
         if "loss" in logs and elapsed > 0 and steps > 0:
             row["tokens_per_second"] = f"{steps * self.tokens_per_step / elapsed:.1f}"
         with open(self.path, "a", newline="") as handle:
-            csv.DictWriter(handle, fieldnames=CSV_FIELDS).writerow(row)
+            csv.DictWriter(handle, fieldnames=self.fields).writerow(row)
             handle.flush()
             os.fsync(handle.fileno())
         return control
@@ -127,9 +132,14 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, str]]:
     """The rows of a metrics CSV written by :class:`CsvMetrics`; UsageError if its header is not ours."""
     with open(path, newline="") as handle:
         reader = csv.DictReader(handle)
-        if tuple(reader.fieldnames or ()) not in (CSV_FIELDS, _EARLIER_FIELDS):
+        header = tuple(reader.fieldnames or ())
+        ours = header[: len(CSV_FIELDS)] == CSV_FIELDS and all(
+            map(is_trace_column, header[len(CSV_FIELDS) :])
+        )
+        if not ours and header != _EARLIER_FIELDS:
             raise UsageError(
-                f"{path} is not a metrics file: header {reader.fieldnames}, expected {CSV_FIELDS}"
+                f"{path} is not a metrics file: header {reader.fieldnames}, expected {CSV_FIELDS} and "
+                "optionally per-layer lambda columns"
             )
         return list(reader)
 

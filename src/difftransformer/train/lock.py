@@ -50,7 +50,7 @@ class RunLock:
                 if owner is not None and owner != os.getpid() and _alive(owner):
                     raise RunDirectoryLocked(
                         f"output directory {self.path.parent} is in use by process {owner} (lock file {self.path}); "
-                        "wait for it to finish, stop it, or choose another --output-dir"
+                        "wait for it to finish, stop it, or choose another `output_dir`"
                     ) from None
                 # The owner is gone (or the file is unreadable): the lock is stale, take it over.
                 self.path.unlink(missing_ok=True)

@@ -78,10 +78,10 @@ class Preset:
         """The model for ``attention`` ("diff", "softmax" = the matched baseline, "diff_v2"); ``fields`` (e.g.
         vocab_size, bos/eos/pad ids) override the preset's."""
         if attention not in ATTENTION_KINDS:
-            raise UsageError(f"attention must be one of {ATTENTION_KINDS}; got {attention!r}")
+            raise UsageError(f"`attention` must be one of {ATTENTION_KINDS}; got {attention!r}")
         if self.max_position_embeddings is not None and self.max_position_embeddings < self.block_size:
             raise UsageError(
-                f"--max-position-embeddings must be at least --block-size ({self.block_size}), the length the "
+                f"`max_position_embeddings` must be at least `block_size` ({self.block_size}), the length the "
                 f"model trains on; got {self.max_position_embeddings}"
             )
         kwargs = dict(
@@ -307,5 +307,5 @@ PRESETS: dict[str, Preset] = {
 def get_preset(name: str) -> Preset:
     """The preset called ``name``; a UsageError listing the known ones otherwise."""
     if name not in PRESETS:
-        raise UsageError(f"preset must be one of {sorted(PRESETS)}; got {name!r}")
+        raise UsageError(f"`preset` must be one of {sorted(PRESETS)}; got {name!r}")
     return PRESETS[name]

@@ -31,6 +31,7 @@ from difftransformer.train.lock import RunDirectoryTaken, RunLock
 from difftransformer.train.mixture import Blocks, MixedBlocks
 from difftransformer.train.recall import RecallProbe
 from difftransformer.train.settings import TrainingSettings, tokens_per_step
+from difftransformer.train.traces import LambdaTraces
 
 METRICS_CSV = "metrics.csv"
 SUMMARY_JSON = "train_summary.json"
@@ -38,17 +39,25 @@ SUMMARY_JSON = "train_summary.json"
 
 class LanguageModelTrainer(Trainer):
     """Trainer that logs validation perplexity beside validation loss (and, with a ``recall_probe``, MQAR accuracy
-    as ``eval_mqar_accuracy``), and saves configs fit for inference.
+    as ``eval_mqar_accuracy``), DIFF's per-layer lambda beside every training loss (with ``lambda_traces``), and
+    saves configs fit for inference.
 
     Trainer sets ``config.use_cache`` to ``TrainingArguments.use_cache`` (False: no KV cache while training); every
     checkpoint and the final model are saved with the model's own value instead, so that generation from a saved
     folder uses the cache.
     """
 
-    def __init__(self, *args, recall_probe: RecallProbe | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        *args,
+        recall_probe: RecallProbe | None = None,
+        lambda_traces: LambdaTraces | None = None,
+        **kwargs,
+    ) -> None:
         model = kwargs.get("model", args[0] if args else None)
         self._inference_use_cache = model.config.use_cache
         self.recall_probe = recall_probe
+        self.lambda_traces = lambda_traces
         super().__init__(*args, **kwargs)
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
@@ -64,7 +73,10 @@ class LanguageModelTrainer(Trainer):
         enable_fsdp_on_cpu(self)  # --fsdp on CPU processes (accelerate applies it on accelerators only)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """Trainer's log, with ``eval_perplexity`` beside every ``eval_loss``."""
+        """Trainer's log, with ``eval_perplexity`` beside every ``eval_loss`` and the lambda traces beside every
+        training ``loss``."""
+        if "loss" in logs and self.lambda_traces:
+            logs.update(self.lambda_traces.values())
         if "eval_loss" in logs:
             logs["eval_perplexity"] = math.exp(min(logs["eval_loss"], 700.0))
             if self.recall_probe is not None:
@@ -187,6 +199,7 @@ def train_model(
         probe = None
         if isinstance(train_dataset, MixedBlocks) and train_dataset.mix.mqar_fraction:
             probe = RecallProbe(train_dataset.vocabulary, block_size, seed=args.seed)
+        traces = LambdaTraces(model)
         trainer = LanguageModelTrainer(
             model=model,
             args=args,
@@ -195,9 +208,10 @@ def train_model(
             data_collator=default_data_collator,
             processing_class=tokenizer,
             recall_probe=probe,
+            lambda_traces=traces,
             callbacks=[
                 CompletionMarker(),
-                CsvMetrics(output_dir / METRICS_CSV, step_tokens),
+                CsvMetrics(output_dir / METRICS_CSV, step_tokens, traces.columns),
                 ProgressBar(step_tokens, desc=progress_desc),
                 *callbacks,
             ],
@@ -206,7 +220,10 @@ def train_model(
         trainer.remove_callback(PrinterCallback)
         start = time.perf_counter()
         first_step = 0 if checkpoint is None else _step(checkpoint)
-        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        try:
+            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        finally:
+            traces.remove()
         seconds = time.perf_counter() - start
         evals = [entry["eval_loss"] for entry in trainer.state.log_history if "eval_loss" in entry]
         final_eval = evals[-1] if evals else trainer.evaluate()["eval_loss"]
@@ -261,8 +278,8 @@ def _finished_run(
             write_json(output_dir / SUMMARY_JSON, asdict(result))
     if is_main_process():
         print(
-            f"{output_dir} is complete: {checkpoint.name} reached --max-steps {args.max_steps}; nothing to train "
-            "(raise --max-steps to train on)"
+            f"{output_dir} is complete: {checkpoint.name} reached `max_steps` {args.max_steps}; nothing to train "
+            "(raise `max_steps` to train on)"
         )
     return result
 
@@ -279,16 +296,16 @@ def _check_same_model(checkpoint: Path, config: DiffTransformerConfig) -> None:
         saved = DiffTransformerConfig.from_pretrained(checkpoint)  # every field, defaults included
     except (OSError, ValueError) as err:  # a config of another model type, or one our config class refuses
         raise UsageError(
-            f"--resume: {checkpoint} holds no model this command can resume ({err}); choose another --output-dir"
+            f"`resume`: {checkpoint} holds no model this command can resume ({err}); choose another `output_dir`"
         ) from err
     differ = [name for name in _SHAPE_FIELDS if getattr(saved, name) != getattr(config, name)]
     if differ:
         raise UsageError(
-            f"--resume: {checkpoint} holds another model ("
+            f"`resume`: {checkpoint} holds another model ("
             + ", ".join(f"{name}={getattr(saved, name)!r}" for name in differ)
             + ") than this command builds ("
             + ", ".join(f"{name}={getattr(config, name)!r}" for name in differ)
-            + "); resume with the run's own --preset and model options, or choose another --output-dir"
+            + "); resume with the run's own `preset` and model options, or choose another `output_dir`"
         )
 
 
@@ -297,8 +314,8 @@ def _checkpoint_to_resume(output_dir: Path, resume: bool) -> Path | None:
     if not resume:
         if existing:
             raise RunDirectoryTaken(
-                f"{output_dir} already holds checkpoints ({existing[-1].name}); pass --resume to continue that run "
-                "or choose another --output-dir"
+                f"{output_dir} already holds checkpoints ({existing[-1].name}); pass `resume` to continue that run "
+                "or choose another `output_dir`"
             )
         return None
     checkpoint = last_good_checkpoint(output_dir, quarantine=is_main_process())

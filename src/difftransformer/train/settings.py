@@ -71,16 +71,16 @@ class TrainingSettings(TrainingArguments):
             "logging_steps",
         ):
             if getattr(self, name) < 1:
-                raise UsageError(f"{name} must be >= 1; got {getattr(self, name)}")
+                raise UsageError(f"`{name}` must be >= 1; got {getattr(self, name)}")
         for name in ("eval_steps", "save_steps"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise UsageError(f"{name} must be >= 1; got {getattr(self, name)}")
+                raise UsageError(f"`{name}` must be >= 1; got {getattr(self, name)}")
         if self.save_total_limit is not None and self.save_total_limit < 2:
             raise UsageError(
-                f"save_total_limit must be >= 2 (one finished checkpoint survives a kill); got {self.save_total_limit}"
+                f"`save_total_limit` must be >= 2 (one finished checkpoint survives a kill); got {self.save_total_limit}"
             )
         if self.learning_rate <= 0:
-            raise UsageError(f"learning_rate must be > 0; got {self.learning_rate}")
+            raise UsageError(f"`learning_rate` must be > 0; got {self.learning_rate}")
         super().__post_init__()
 
 
