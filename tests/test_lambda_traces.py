@@ -3,12 +3,17 @@ weights hold it at every logged step, V2's gate statistics as the training forwa
 
 from __future__ import annotations
 
+import csv
 import math
 
 import pytest
 import torch
 from transformers import TrainerCallback
 
+from difftransformer.compare.document import Report
+from difftransformer.compare.records import RunRecord
+from difftransformer.compare.report import lambda_section
+from difftransformer.compare.variants import parse_variants
 from difftransformer.errors import UsageError
 from difftransformer.models import DiffTransformerForCausalLM
 from difftransformer.train.callbacks import CSV_FIELDS, column, read_metrics
@@ -146,3 +151,39 @@ def test_metrics_with_unknown_columns_are_refused(tmp_path):
     path.write_text(",".join(CSV_FIELDS) + ",lambda_layer_0,attention_sink\n")
     with pytest.raises(UsageError, match="not a metrics file"):
         read_metrics(path)
+
+
+def planted_run(folder, variant: str, seed: int, traces: dict[str, list[float]]) -> RunRecord:
+    """A run whose metrics.csv logged ``traces`` (column -> values) with a training loss at steps 10, 20, ..."""
+    folder.mkdir(parents=True)
+    fields = CSV_FIELDS + tuple(traces)
+    with open(folder / METRICS_CSV, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        for i in range(3):
+            writer.writerow({"step": 10 * (i + 1), "loss": 3.0 - i, **{k: v[i] for k, v in traces.items()}})
+    return RunRecord(variant=variant, seed=seed, scale="micro", folder=folder, parameters=1000, tokens=3000,
+                     tokens_per_second=1.0, train_seconds=1.0, validation_loss=2.0, test_loss=2.0, suite={})  # fmt: skip
+
+
+def test_report_plots_the_traces_and_tables_their_last_values(tmp_path):
+    records = [
+        planted_run(tmp_path / "d0", "diff", 0, {"lambda_layer_0": [0.2, 0.3, 0.40], "lambda_layer_1": [0.5, 0.6, 0.7]}),
+        planted_run(tmp_path / "d1", "diff", 1, {"lambda_layer_0": [0.2, 0.3, 0.50], "lambda_layer_1": [0.5, 0.6, 0.9]}),
+        planted_run(tmp_path / "v0", "diff_v2", 0, {"lambda_mean_layer_0": [0.5, 0.6, 0.7], "lambda_std_layer_0": [0.1] * 3,
+                                                   "lambda_mean_layer_1": [0.5, 0.4, 0.3], "lambda_std_layer_1": [0.1] * 3}),
+        planted_run(tmp_path / "v1", "diff_v2", 1, {"lambda_mean_layer_0": [0.5, 0.6, 0.9], "lambda_std_layer_0": [0.1] * 3,
+                                                   "lambda_mean_layer_1": [0.5, 0.4, 0.1], "lambda_std_layer_1": [0.1] * 3}),
+        planted_run(tmp_path / "s0", "softmax", 0, {}),
+        planted_run(tmp_path / "s1", "softmax", 1, {}),
+    ]  # fmt: skip
+    report = Report("traces")
+    lambda_section(report, records, parse_variants("diff,diff_v2,softmax"), tmp_path)
+    text = report.markdown()
+    assert "| DIFF | 0.450 ± 0.071 | 0.800 ± 0.141 |" in text
+    assert "| DIFF V2 (mean sigmoid(lambda)) | 0.800 ± 0.141 | 0.200 ± 0.141 |" in text
+    assert "Transformer" not in text.split("| variant |")[1]
+    assert (tmp_path / "lambda_traces.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    untraced = Report("none")
+    lambda_section(untraced, records[4:], parse_variants("softmax"), tmp_path / "none")
+    assert "lambda" not in untraced.markdown()

@@ -30,6 +30,7 @@ from difftransformer.plotting import pyplot, save_figure
 from difftransformer.stats import mean, spread
 from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.runner import METRICS_CSV
+from difftransformer.train.traces import is_trace_column
 
 if TYPE_CHECKING:
     from difftransformer.compare.records import RunRecord
@@ -193,6 +194,79 @@ def plot_curves(records: Sequence[RunRecord], path: Path) -> None:
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7)
     save_figure(figure, path)
+
+
+def _trace_layers(record: RunRecord) -> tuple[str, list[int]]:
+    """(kind, layer indices) of a run's lambda columns: "v1" (lambda), "v2" (mean and spread of sigmoid(lambda))
+    or "" for a run without any (the baseline, or a run trained before the traces)."""
+    rows = read_metrics(record.folder / METRICS_CSV)
+    names = [name for name in (rows[0] if rows else {}) if is_trace_column(name)]
+    v2 = [name for name in names if name.startswith("lambda_mean_layer_")]
+    if v2:
+        return "v2", sorted(int(name.rsplit("_", 1)[1]) for name in v2)
+    return ("v1", sorted(int(name.rsplit("_", 1)[1]) for name in names)) if names else ("", [])
+
+
+def lambda_section(
+    report: Report, records: Sequence[RunRecord], variants: Sequence[Variant], out: Path
+) -> None:
+    """DIFF's lambda per layer during training (metrics.csv's traces) beside the training loss, every run
+    overlaid, and a table of the final values; nothing when no run logged traces."""
+    traced = {(r.variant, r.seed, r.scale): _trace_layers(r) for r in records}
+    layers = sorted({layer for _, indices in traced.values() for layer in indices})
+    if not layers:
+        return
+    plt = pyplot()
+    figure, axes = plt.subplots(1, 1 + len(layers), figsize=(5.5 * (1 + len(layers)), 4.5), squeeze=False)
+    colors = {spec: f"C{i}" for i, spec in enumerate(dict.fromkeys(r.variant for r in records))}
+    for record in records:
+        name = f"{label(record.variant)} {record.scale} s{record.seed}"
+        axes[0][0].plot(*_curve(record, "loss"), color=colors[record.variant], lw=1, alpha=0.7, label=name)
+        kind, indices = traced[(record.variant, record.seed, record.scale)]
+        for axis, layer in zip(axes[0][1:], layers):
+            if layer not in indices:
+                continue
+            if kind == "v1":
+                axis.plot(
+                    *_curve(record, f"lambda_layer_{layer}"), color=colors[record.variant], lw=1, label=name
+                )
+                continue
+            tokens, means = _curve(record, f"lambda_mean_layer_{layer}")
+            spreads = _curve(record, f"lambda_std_layer_{layer}")[1]
+            axis.plot(tokens, means, color=colors[record.variant], lw=1, ls="--", label=name)
+            axis.fill_between(tokens, [m - s for m, s in zip(means, spreads)],
+                              [m + s for m, s in zip(means, spreads)], color=colors[record.variant], alpha=0.08)  # fmt: skip
+    axes[0][0].set(xlabel="training tokens", ylabel="loss", title="training loss")
+    for axis, layer in zip(axes[0][1:], layers):
+        axis.set(xlabel="training tokens", ylabel="lambda", title=f"lambda, layer {layer}")
+    for axis in axes[0]:
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
+    save_figure(figure, out / "lambda_traces.png")
+    header = ["variant", *(f"layer {layer}" for layer in layers)]
+    rows = []
+    scales = list(dict.fromkeys(r.scale for r in records))
+    for scale in scales:
+        for variant in variants:
+            runs = _runs(records, variant.spec(), scale)
+            kind = traced[(runs[0].variant, runs[0].seed, runs[0].scale)][0]
+            if not kind:
+                continue
+            name = "lambda_layer_{}" if kind == "v1" else "lambda_mean_layer_{}"
+            finals = [[_curve(r, name.format(layer))[1][-1] for r in runs] for layer in layers]
+            row_label = variant.label + (f" {scale}" if len(scales) > 1 else "")
+            row_label += " (mean sigmoid(lambda))" if kind == "v2" else ""
+            rows.append([row_label, *(mean_spread(values, 3) for values in finals)])
+    report.heading("lambda during training")
+    report.paragraph(
+        "DIFF V1's lambda (one scalar a layer, exp(lambda_q1 . lambda_k1) - exp(lambda_q2 . lambda_k2) + "
+        "lambda_init) and DIFF V2's per-token, per-head sigmoid(lambda) (dashed: its mean over the training "
+        "tokens between two logging steps, the band ± its standard deviation over those tokens and heads), "
+        "beside the training loss; from each run's metrics.csv. The table gives the last logged value, mean ± "
+        "spread across seeds."
+    )
+    report.table(header, rows)
+    report.image("lambda_traces.png", "lambda per layer during training, beside the training loss")
 
 
 def gap_section(
@@ -428,6 +502,7 @@ def build_report(
     report.paragraph(" ".join(verdict_sentences(records, variants, largest)))
     plot_curves(records, out / "loss_curves.png")
     report.image("loss_curves.png", "training and validation loss (and MQAR accuracy), all runs overlaid")
+    lambda_section(report, records, variants, out)
     gap_section(report, records, variants, largest, out)
     groups = [
         (
