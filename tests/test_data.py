@@ -204,7 +204,7 @@ def test_document_split_is_seeded_deterministic_and_disjoint():
     assert not set(first.validation) & set(first.test)
     other = split_documents("d", docs, seed=4, validation_fraction=0.1, test_fraction=0.2)
     assert other.validation != first.validation
-    with pytest.raises(CorpusError, match="validation_fraction must be in"):
+    with pytest.raises(CorpusError, match="`validation_fraction` must be in"):
         split_documents("d", docs, validation_fraction=-0.1)
     with pytest.raises(CorpusError, match="must be below 1"):
         split_documents("d", docs, validation_fraction=0.5, test_fraction=0.5)
@@ -331,7 +331,7 @@ def test_tokenizer_training_is_deterministic(corpus):
 
 
 def test_tokenizer_bad_arguments(tmp_path):
-    with pytest.raises(ValueError, match="vocab_size must be an integer >= 258"):
+    with pytest.raises(ValueError, match="`vocab_size` must be an integer >= 258"):
         train_tokenizer(["abc"], vocab_size=100)
     with pytest.raises(TypeError, match="got a single str"):
         train_tokenizer("abc")
@@ -396,7 +396,7 @@ def test_corrupt_block_cache_is_rebuilt(tokenizer, tmp_path, damage):
 def test_too_little_text_for_one_block(tokenizer, tmp_path):
     with pytest.raises(CorpusError, match=r"texts: 1 document\(s\) give \d+ tokens .* block_size=512"):
         packed_blocks(["To be."], tokenizer, 512, cache_dir=tmp_path)
-    with pytest.raises(ValueError, match="block_size must be an integer >= 2"):
+    with pytest.raises(ValueError, match="`block_size` must be an integer >= 2"):
         packed_blocks(["To be."], tokenizer, 0, cache_dir=tmp_path)
 
 

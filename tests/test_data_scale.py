@@ -117,7 +117,7 @@ def test_parallel_tokenising_gives_the_serial_blocks(tokenizer, tmp_path, monkey
     # The blocks view the cache file memory-mapped; writing to them never changes the file.
     parallel[0, 0] = -1
     assert packed_blocks(docs, tokenizer, 64, cache_dir=tmp_path / "two")[0, 0] == stream[0]
-    with pytest.raises(ValueError, match="num_proc must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="`num_proc` must be a positive integer, got 0"):
         packed_blocks(["other text"] * 50, tokenizer, 8, cache_dir=tmp_path, num_proc=0)
 
 

@@ -82,9 +82,9 @@ def test_mqar_vocabulary_skips_special_ids():
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        (MqarSettings(0), "num_pairs must be >= 1"),
-        (MqarSettings(4, 5), "num_queries must lie in"),
-        (MqarSettings(4, 4, 10), "length must be >= 16"),
+        (MqarSettings(0), "`num_pairs` must be >= 1"),
+        (MqarSettings(4, 5), "`num_queries` must lie in"),
+        (MqarSettings(4, 4, 10), "`length` must be >= 16"),
         (MqarSettings(200), "exceeds the"),
     ],
 )
@@ -94,7 +94,7 @@ def test_mqar_refuses_impossible_settings(spec, message):
 
 
 def test_mqar_vocabulary_refuses_bad_first_id():
-    with pytest.raises(ValueError, match="first_id must lie in"):
+    with pytest.raises(ValueError, match="`first_id` must lie in"):
         mqar_vocabulary(100, first_id=99)
 
 
@@ -129,7 +129,7 @@ def test_induction_rows_are_deterministic_per_seed_and_refuse_bad_input():
     assert not np.array_equal(
         a.input_ids, make_induction_batch(np.random.default_rng(6), 3, 40, ids).input_ids
     )
-    with pytest.raises(ValueError, match="length must be >= 12"):
+    with pytest.raises(ValueError, match="`length` must be >= 12"):
         make_induction_batch(np.random.default_rng(0), 1, 8, ids)
-    with pytest.raises(ValueError, match="ids must be a 1-D array"):
+    with pytest.raises(ValueError, match="`ids` must be a 1-D array"):
         make_induction_batch(np.random.default_rng(0), 1, 40, np.array([3]))

@@ -113,7 +113,7 @@ def test_metrics_csv_and_final_model(tmp_path, data):
 def test_existing_checkpoints_need_resume(tmp_path, data):
     tokenizer, train, val = data
     train_model(config_for(tokenizer), train, val, tokenizer, options(tmp_path, max_steps=3))
-    with pytest.raises(FileExistsError, match="--resume"):
+    with pytest.raises(FileExistsError, match="`resume`"):
         train_model(config_for(tokenizer), train, val, tokenizer, options(tmp_path, max_steps=3))
 
 
@@ -173,9 +173,9 @@ def test_presets_match_the_paper():
         and PRESETS["3b"].model_config().map_head_dim == 128
     )
     assert (PRESETS["3b"].training["adam_beta2"], PRESETS["3b"].training["weight_decay"]) == (0.95, 0.1)
-    with pytest.raises(ValueError, match="preset must be one of"):
+    with pytest.raises(ValueError, match="`preset` must be one of"):
         get_preset("7b")
-    with pytest.raises(ValueError, match="attention must be one of"):
+    with pytest.raises(ValueError, match="`attention` must be one of"):
         PRESETS["tiny"].model_config("linear")
 
 
@@ -206,7 +206,7 @@ def test_generate_greedy_and_sampled(tmp_path, data, capsys):
         outputs[0] == outputs[1] and outputs[0].startswith("the king") and len(outputs[0]) > len("the king\n")
     )
     assert outputs[2].startswith("the king")
-    with pytest.raises(ValueError, match="--top-p"):
+    with pytest.raises(ValueError, match="`top_p`"):
         generate_cli.run(parser.parse_args([str(tmp_path), "--prompt", "x", "--top-p", "1.5"]))
     with pytest.raises(ValueError, match="config.json"):
         generate_cli.run(parser.parse_args([str(tmp_path / "nothing"), "--prompt", "x"]))

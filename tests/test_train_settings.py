@@ -146,9 +146,9 @@ def test_torch_compile_compiles_the_model(tmp_path, data, monkeypatch):
 
 def test_bad_training_options_are_refused_before_any_work(tmp_path, capsys):
     for flags, message in (
-        (["--max-steps", "0"], "max_steps must be >= 1; got 0"),
-        (["--save-total-limit", "1"], "save_total_limit must be >= 2"),
-        (["--preset", "huge"], "preset must be one of"),
+        (["--max-steps", "0"], "--max-steps must be >= 1; got 0"),
+        (["--save-total-limit", "1"], "--save-total-limit must be >= 2"),
+        (["--preset", "huge"], "--preset must be one of"),
     ):
         assert main(["train", "--output-dir", str(tmp_path / "run"), *flags]) == 2
         assert message in capsys.readouterr().err

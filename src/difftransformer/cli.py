@@ -6,15 +6,26 @@ Modules are imported only when their command runs, so ``difftransformer --help``
 A command module is a file named ``cli.py`` or ending in ``_cli.py`` (``train/plan_cli.py`` beside
 ``train/plan.py``); only command modules take an ``argparse.Namespace``. Each turns the parsed options into the
 keywords or frozen settings dataclasses of the library modules it drives, which know nothing of the command line.
+
+Bad input ends a command in one line on stderr with exit status 2: argparse's own errors, and every
+:class:`~difftransformer.errors.UsageError` a command raises. Library code names the field or keyword it refuses in
+backticks (``"`num_pairs` must be at least 1; got 0"``); here every backticked name that is a flag of the running
+command becomes that flag (``--num-pairs``). Ctrl-C ends any command in one line with exit status 130 (a command
+module may say how to continue in ``INTERRUPTED_NOTE``).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
+import typing
+
+from tqdm.auto import tqdm
 
 from difftransformer.errors import UsageError
+from difftransformer.flags import flag_spellings
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "prepare": (
@@ -35,9 +46,30 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+BACKTICKED = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one line (``difftransformer train: error: ...``), exit status 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+
+
+def one_line(message: str) -> str:
+    """``message`` on one line: its lines joined, each stripped."""
+    return " ".join(line.strip() for line in message.splitlines() if line.strip())
+
+
+def with_flags(message: str, spellings: dict[str, str]) -> str:
+    """``message`` with every backticked field name that is a flag of the running command (``spellings``, from
+    :func:`~difftransformer.flags.flag_spellings`) written as that flag: "`num_pairs`" -> "--num-pairs"."""
+    return BACKTICKED.sub(lambda match: spellings.get(match[1], match[0]), message)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``difftransformer`` parser: every command listed, only ``command``'s options added."""
-    parser = argparse.ArgumentParser(prog="difftransformer", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="difftransformer", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
@@ -48,19 +80,30 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command ``argv`` names; bad input exits with status 2 and a one-line message."""
+    """Run the command ``argv`` names; bad input exits with status 2 and a one-line message (argparse's errors by
+    ``SystemExit(2)``, as argparse does), Ctrl-C with status 130 and a one-line note."""
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
     if command is not None and command not in COMMANDS:
         build_parser().error(f"unknown command {command!r}; expected one of {', '.join(COMMANDS)}")
-    args = build_parser(command).parse_args(argv)
+    parser = build_parser(command)
+    args = parser.parse_args(argv)
+    module = importlib.import_module(COMMANDS[args.command][0])
     try:
-        return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
+        return int(module.run(args) or 0)
     except UsageError as err:
         # Bad input is the user's to fix: say what was wrong, without a traceback. Anything else is a bug and
         # keeps its traceback.
-        print(f"difftransformer {args.command}: error: {err}", file=sys.stderr)
+        message = with_flags(one_line(str(err)), flag_spellings(parser, args))
+        print(f"difftransformer {args.command}: error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        note = getattr(module, "INTERRUPTED_NOTE", "")
+        # tqdm.write: on a line of its own, whatever a progress bar left on the current one.
+        tqdm.write(
+            f"difftransformer {args.command}: interrupted{'; ' + note if note else ''}", file=sys.stderr
+        )
+        return 130
 
 
 if __name__ == "__main__":

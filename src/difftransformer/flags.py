@@ -4,25 +4,37 @@
 them (``--name`` and ``--name-with-dashes``, help from the field's ``metadata``, choices from a ``Literal`` or an
 enum, ``--no-X`` for a field true by default), with what our commands need on top: fields left out, fields whose
 default comes from elsewhere (a preset), defaults left out of the parsed values so that the command knows what the
-user gave, list fields that also take comma-separated values, and optional booleans given bare. :func:`given`
-reads back, from the parsed values as a mapping (``vars(args)``), the fields the command line set.
+user gave, list and tuple fields that also take comma-separated values, a field's own parser of a word
+(``metadata={"parse": ...}``), and optional booleans given bare. :func:`given` reads back, from the parsed values
+as a mapping (``vars(args)``), the fields the command line set. :func:`flag_spellings` says which flag sets which
+field in a parsed command line: the ``difftransformer`` command names flags, not fields, in its error messages.
 
-``train``, ``compare`` and ``plan`` use it for transformers' ``TrainingArguments`` and our training options
-(:mod:`difftransformer.train.settings`); ``eval`` for each task's options dataclass
-(:mod:`difftransformer.eval.options`).
+Every command builds its options with it: ``train``, ``compare`` and ``plan`` for transformers'
+``TrainingArguments`` and our training options (:mod:`difftransformer.train.settings`), ``eval`` for each task's
+options dataclass (:mod:`difftransformer.eval.options`), ``prepare``, ``bench``, ``convert`` and ``generate`` for
+theirs.
+
+argparse offers no public way to add another parser's actions to an existing parser, to list a parser's actions
+or to find its sub-commands; this module is the one place that uses argparse's private ``_actions``,
+``_add_container_actions`` (what ``parents=`` does) and ``_SubParsersAction`` for that, and
+``tests/test_flags.py`` checks that they still behave so.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import typing
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from transformers import HfArgumentParser
 from transformers.hf_argparser import string_to_bool
 
-__all__ = ["add_flags", "flag", "given"]
+__all__ = ["add_flags", "flag", "flag_spellings", "given"]
+
+# Our own keys of a field's ``metadata`` (HfArgumentParser hands every other key to ``add_argument``).
+PARSE = "parse"
 
 
 def flag(name: str) -> str:
@@ -40,9 +52,22 @@ def _items(kind: Callable[[str], Any]) -> Callable[[str], list]:
     return parse
 
 
+def _word(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A field's own parser as an argparse type: a ValueError it raises (a UsageError is one) is argparse's
+    "invalid value" message, saying what was wrong."""
+
+    def read(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    return read
+
+
 class _ExtendItems(argparse.Action):
-    """A list flag whose words each hold comma-separated values (see :func:`_items`): the first use replaces the
-    default, a repeated flag adds to the values (``--documents A --documents B``)."""
+    """A list flag whose words each hold several values (comma-separated, or as the field's parser reads them):
+    the first use replaces the default, a repeated flag adds to the values (``--documents A --documents B``)."""
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         current = getattr(namespace, self.dest, None)
@@ -62,6 +87,35 @@ def _field_defaults(dataclass_type: type) -> dict[str, Any]:
     return defaults
 
 
+def _as_list(hint: Any) -> Any:
+    """``tuple[X, ...]`` (or an optional one) as ``list[X]``: HfArgumentParser reads lists, not tuples."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return list[args[0]]
+    if type(None) in args and len(args) == 2:
+        inner = next(arg for arg in args if arg is not type(None))
+        listed = _as_list(inner)
+        return hint if listed is inner else listed | None
+    return hint
+
+
+def _flag_fields(dataclass_type: type, exclude: Collection[str]) -> type:
+    """A dataclass with the flagged fields of ``dataclass_type`` alone (``exclude`` left out), tuple fields as
+    lists and our own metadata keys removed: what HfArgumentParser reads."""
+    hints = typing.get_type_hints(dataclass_type)
+    fields = []
+    for f in dataclasses.fields(dataclass_type):
+        if not f.init or f.name in exclude:
+            continue
+        metadata = {key: value for key, value in f.metadata.items() if key != PARSE}
+        spec = dataclasses.field(default=f.default, default_factory=f.default_factory, metadata=metadata)
+        fields.append((f.name, _as_list(hints[f.name]), spec))
+    flagged = dataclasses.make_dataclass(dataclass_type.__name__, fields, kw_only=True)
+    if hasattr(dataclass_type, "_argument_group_name"):
+        flagged._argument_group_name = dataclass_type._argument_group_name
+    return flagged
+
+
 def add_flags(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     dataclass_type: type,
@@ -73,7 +127,8 @@ def add_flags(
 ) -> None:
     """Add one flag per field of ``dataclass_type`` to ``parser`` (a parser or an argument group), as transformers'
     ``HfArgumentParser`` derives them, in one argument group per dataclass. An optional boolean (``--bf16``) may
-    be given bare, meaning true.
+    be given bare, meaning true. A field whose metadata holds ``"parse"`` (a function of one command-line word)
+    reads its words with it; for a list or tuple field it returns the list of values one word gives.
 
     Args:
         parser: where the flags go.
@@ -83,31 +138,65 @@ def add_flags(
             saying "(default: the preset's)".
         only_given: leave every field's default out of the parsed values (the help shows it), so that
             :func:`given` tells what the user gave.
-        list_items: a list field also takes comma-separated values (``--depths 0 0.5`` or ``--depths 0,0.5``),
-            and a repeated flag adds to them.
+        list_items: a list or tuple field also takes comma-separated values (``--depths 0 0.5`` or
+            ``--depths 0,0.5``), and a repeated flag adds to them.
     """
     defaults = _field_defaults(dataclass_type) if only_given else {}
-    source = HfArgumentParser(dataclass_type, add_help=False)
+    parsers = {f.name: f.metadata[PARSE] for f in dataclasses.fields(dataclass_type) if PARSE in f.metadata}
+    source = HfArgumentParser(_flag_fields(dataclass_type, exclude), add_help=False)
     for action in source._actions:
         if action.type is string_to_bool and action.nargs is None:
             action.nargs, action.const = "?", True
         if only_given:
             if action.dest in defaults and not action.option_strings[0].startswith("--no"):
-                action.help = f"{action.help or ''} (default: {defaults[action.dest]})".strip()
+                action.help = f"{action.help or ''} (default: {_shown(defaults[action.dest])})".strip()
             action.default = argparse.SUPPRESS
         elif action.dest in preset_fields:
             action.default = argparse.SUPPRESS
             action.help = f"{action.help or ''} (default: the preset's)".strip()
-        if list_items and action.nargs == "+":
-            action.type = _items(action.type)
-            action.__class__ = _ExtendItems
-    for group in source._action_groups:
-        group._group_actions[:] = [a for a in group._group_actions if a.dest not in exclude]
-    source._actions[:] = [a for a in source._actions if a.dest not in exclude]
+        if action.dest in parsers:
+            action.type = _word(parsers[action.dest])
+        if action.nargs == "+" and (list_items or action.dest in parsers):
+            if action.dest not in parsers:
+                action.type = _items(action.type)
+            action.__class__ = _ExtendItems  # the same action, reading several values per word
     parser._add_container_actions(source)  # what argparse's ``parents=`` does
+
+
+def _shown(value: Any) -> Any:
+    """A default as the help shows it: a tuple as the list it is given as."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 def given(values: Mapping[str, Any], dataclass_type: type) -> dict[str, Any]:
     """The fields of ``dataclass_type`` among the parsed ``values`` (``vars(args)``): every field with a flag,
-    except those whose default :func:`add_flags` left out and the command line did not give."""
-    return {f.name: values[f.name] for f in dataclasses.fields(dataclass_type) if f.name in values}
+    except those whose default :func:`add_flags` left out and the command line did not give. A tuple field's
+    values come as a tuple."""
+    hints = typing.get_type_hints(dataclass_type)
+    found = {}
+    for f in dataclasses.fields(dataclass_type):
+        if f.name not in values:
+            continue
+        value = values[f.name]
+        if isinstance(value, list) and _as_list(hints[f.name]) != hints[f.name]:
+            value = tuple(value)
+        found[f.name] = value
+    return found
+
+
+def flag_spellings(parser: argparse.ArgumentParser, values: argparse.Namespace) -> dict[str, str]:
+    """``{field: flag}`` for the command ``values`` were parsed from by ``parser``: every option of the parser and
+    of the sub-commands ``values`` chose (``eval needle``), each under its dashed spelling (``--num-pairs``; a
+    ``--no-X`` complement of a boolean field never)."""
+    spellings: dict[str, str] = {}
+    current: argparse.ArgumentParser | None = parser
+    while current is not None:
+        chosen = None
+        for action in current._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(values, action.dest, None))
+            elif action.option_strings and action.dest not in spellings:  # a --no-X complement comes second
+                names = [s for s in action.option_strings if s.startswith("--")] or action.option_strings
+                spellings[action.dest] = next((s for s in names if "_" not in s), names[0])
+        current = chosen
+    return spellings

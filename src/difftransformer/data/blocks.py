@@ -59,7 +59,7 @@ def packed_blocks(
     the progress bar.
     """
     if not isinstance(block_size, int) or block_size < 2:
-        raise UsageError(f"block_size must be an integer >= 2, got {block_size!r}")
+        raise UsageError(f"`block_size` must be an integer >= 2, got {block_size!r}")
     if isinstance(texts, str):
         raise TypeError("texts must be a sequence of documents, got a single str")
     if tokenizer.eos_token_id is None:
@@ -115,7 +115,7 @@ def _num_proc(num_proc: int | None) -> int:
     if num_proc is None:
         return os.cpu_count() or 1
     if not isinstance(num_proc, int) or num_proc < 1:
-        raise UsageError(f"num_proc must be a positive integer, got {num_proc!r}")
+        raise UsageError(f"`num_proc` must be a positive integer, got {num_proc!r}")
     return num_proc
 
 
@@ -236,7 +236,7 @@ def _write_cache(
             n_blocks = tokens // block_size
             if n_blocks == 0:
                 raise CorpusError(
-                    f"texts: {documents} document(s) give {tokens} tokens (EOS included), fewer than one "
+                    f"`texts`: {documents} document(s) give {tokens} tokens (EOS included), fewer than one "
                     f"block of block_size={block_size}; give more text or a smaller block size"
                 )
             handle.truncate(n_blocks * block_size * _DTYPE.itemsize)

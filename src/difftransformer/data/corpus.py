@@ -46,10 +46,10 @@ def held_out_ids(
     when ``n`` is too small to leave a training document (then split by position). The fractions are checked."""
     for arg, value in (("validation_fraction", validation_fraction), ("test_fraction", test_fraction)):
         if not 0.0 <= value < 1.0:
-            raise CorpusError(f"{arg} must be in [0, 1), got {value}")
+            raise CorpusError(f"`{arg}` must be in [0, 1), got {value}")
     if validation_fraction + test_fraction >= 1.0:
         raise CorpusError(
-            f"validation_fraction + test_fraction must be below 1 to leave training data, "
+            f"`validation_fraction` + `test_fraction` must be below 1 to leave training data, "
             f"got {validation_fraction} + {test_fraction}"
         )
     n_val = max(1, round(validation_fraction * n)) if validation_fraction > 0 else 0

@@ -94,7 +94,7 @@ def open_corpus(
     if isinstance(data, (str, Path)):
         data = [str(data)]
     if not data:
-        raise CorpusError("data: expected at least one file, glob, folder or datasets name, got none")
+        raise CorpusError("`data`: expected at least one file, glob, folder or datasets name, got none")
     sources = tuple(str(d) for d in data)
     name = ",".join(sources)
     count = sum(_count_source(source, text_field) for source in sources)
@@ -138,7 +138,7 @@ def iter_documents(data: Sequence[str], *, text_field: str = "text") -> Iterator
 def _count_source(source: str, text_field: str) -> int:
     found = sum(1 for doc in _iter_source(source, text_field) if doc.strip())
     if not found:
-        raise CorpusError(f"data: {source!r} holds no text (only empty documents)")
+        raise CorpusError(f"`data`: {source!r} holds no text (only empty documents)")
     return found
 
 
@@ -151,17 +151,17 @@ def resolve_files(source: str) -> list[Path] | None:
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES)
         if not files:
-            raise CorpusError(f"data: folder {source!r} holds no {'/'.join(SUFFIXES)} files")
+            raise CorpusError(f"`data`: folder {source!r} holds no {'/'.join(SUFFIXES)} files")
         return files
     if _GLOB_CHARS & set(source):
         files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
         if not files:
-            raise CorpusError(f"data: glob {source!r} matches no files")
+            raise CorpusError(f"`data`: glob {source!r} matches no files")
         return files
     if path.exists():
-        raise CorpusError(f"data: {source!r} is neither a regular file nor a folder")
+        raise CorpusError(f"`data`: {source!r} is neither a regular file nor a folder")
     if _looks_like_path(source):
-        raise CorpusError(f"data: no such file or folder {source!r}")
+        raise CorpusError(f"`data`: no such file or folder {source!r}")
     return None
 
 
@@ -204,7 +204,7 @@ def _read_bytes(path: Path) -> bytes:
     try:
         return path.read_bytes()
     except OSError as err:
-        raise CorpusError(f"data: cannot read {path}: {err.strerror or err}") from err
+        raise CorpusError(f"`data`: cannot read {path}: {err.strerror or err}") from err
 
 
 def _decode(path: Path, data: bytes, offset: int) -> str:
@@ -217,7 +217,7 @@ def _decode(path: Path, data: bytes, offset: int) -> str:
         at = offset + skip + err.start
         bad = data[skip + err.start : skip + err.start + 4]
         raise CorpusError(
-            f"data: {path} is not valid UTF-8: byte offset {at} ({bad!r}...): {err.reason}; "
+            f"`data`: {path} is not valid UTF-8: byte offset {at} ({bad!r}...): {err.reason}; "
             "convert it to UTF-8 first"
         ) from err
 
@@ -227,7 +227,7 @@ def _json_lines(path: Path, text_field: str, text: str | None = None) -> Iterato
     try:
         handle = open(path, "rb") if text is None else None  # closed in the finally below
     except OSError as err:
-        raise CorpusError(f"data: cannot read {path}: {err.strerror or err}") from err
+        raise CorpusError(f"`data`: cannot read {path}: {err.strerror or err}") from err
     lines = iter(text.splitlines(keepends=True)) if handle is None else handle
     offset = 0
     try:
@@ -239,10 +239,10 @@ def _json_lines(path: Path, text_field: str, text: str | None = None) -> Iterato
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
-                raise CorpusError(f"data: {path} line {number} is not valid JSON: {err.msg}") from err
+                raise CorpusError(f"`data`: {path} line {number} is not valid JSON: {err.msg}") from err
             yield _record_text(path, f"line {number}", record, text_field)
     except OSError as err:
-        raise CorpusError(f"data: cannot read {path}: {err.strerror or err}") from err
+        raise CorpusError(f"`data`: cannot read {path}: {err.strerror or err}") from err
     finally:
         if handle is not None:
             handle.close()
@@ -266,29 +266,29 @@ def _parquet_documents(path: Path, text_field: str) -> Iterator[str]:
     try:
         import pyarrow.parquet as pq
     except ImportError as err:
-        raise CorpusError(f"data: reading {path} needs the `pyarrow` package: pip install pyarrow") from err
+        raise CorpusError(f"`data`: reading {path} needs the `pyarrow` package: pip install pyarrow") from err
     try:
         table = pq.ParquetFile(path)
     except OSError as err:
-        raise CorpusError(f"data: cannot read {path} as parquet: {err}") from err
+        raise CorpusError(f"`data`: cannot read {path} as parquet: {err}") from err
     except Exception as err:  # pyarrow raises its own error types for damaged files
-        raise CorpusError(f"data: {path} is not a readable parquet file: {err}") from err
+        raise CorpusError(f"`data`: {path} is not a readable parquet file: {err}") from err
     columns = table.schema_arrow.names
     if text_field not in columns:
         raise CorpusError(
-            f"data: {path}: expected a {text_field!r} column, got columns {columns} "
+            f"`data`: {path}: expected a {text_field!r} column, got columns {columns} "
             "(choose the column with `text_field`)"
         )
     kind = table.schema_arrow.field(text_field).type
     if str(kind) not in ("string", "large_string", "string_view"):
-        raise CorpusError(f"data: {path}: column {text_field!r} should hold strings, got {kind}")
+        raise CorpusError(f"`data`: {path}: column {text_field!r} should hold strings, got {kind}")
     try:
         for batch in table.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=[text_field]):
             yield from (text or "" for text in batch.column(0).to_pylist())
     except OSError as err:
-        raise CorpusError(f"data: cannot read {path}: {err}") from err
+        raise CorpusError(f"`data`: cannot read {path}: {err}") from err
     except Exception as err:
-        raise CorpusError(f"data: {path} is not a readable parquet file: {err}") from err
+        raise CorpusError(f"`data`: {path} is not a readable parquet file: {err}") from err
 
 
 def _record_text(path: Path, where: str, record: object, text_field: str) -> str:
@@ -297,13 +297,13 @@ def _record_text(path: Path, where: str, record: object, text_field: str) -> str
     if not isinstance(record, dict) or text_field not in record:
         got = f"keys {sorted(record)}" if isinstance(record, dict) else type(record).__name__
         raise CorpusError(
-            f"data: {path} {where}: expected an object with a {text_field!r} field, got {got} "
+            f"`data`: {path} {where}: expected an object with a {text_field!r} field, got {got} "
             "(choose the field with `text_field`)"
         )
     value = record[text_field]
     if not isinstance(value, str):
         raise CorpusError(
-            f"data: {path} {where}: field {text_field!r} should be a string, got {type(value).__name__}"
+            f"`data`: {path} {where}: field {text_field!r} should be a string, got {type(value).__name__}"
         )
     return value
 
@@ -313,7 +313,7 @@ def _read_hub(name: str, text_field: str) -> Iterator[str]:
         import datasets
     except ImportError as err:
         raise CorpusError(
-            f"data: {name!r} is not a local file, folder or glob, and reading it as a Hugging Face datasets "
+            f"`data`: {name!r} is not a local file, folder or glob, and reading it as a Hugging Face datasets "
             "name needs the `datasets` package: pip install 'difftransformer[hub]'"
         ) from err
     dataset_name, _, config = name.partition(":")
@@ -321,13 +321,13 @@ def _read_hub(name: str, text_field: str) -> Iterator[str]:
         loaded = datasets.load_dataset(dataset_name, config or None)
     except Exception as err:  # the hub client raises many types; all mean the same to the user
         raise CorpusError(
-            f"data: {name!r} is not a local file, folder or glob, and datasets.load_dataset failed: {err}"
+            f"`data`: {name!r} is not a local file, folder or glob, and datasets.load_dataset failed: {err}"
         ) from err
     for split in sorted(loaded):
         rows = loaded[split]
         if text_field not in rows.column_names:
             raise CorpusError(
-                f"data: datasets {name!r} split {split!r} has no {text_field!r} column "
+                f"`data`: datasets {name!r} split {split!r} has no {text_field!r} column "
                 f"(columns: {rows.column_names}); choose one with `text_field`"
             )
         yield from (str(t) for t in rows[text_field])

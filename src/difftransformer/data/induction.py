@@ -38,9 +38,9 @@ def make_induction_batch(
     third of the row is repeated at a random later offset."""
     ids = np.asarray(ids)
     if length < 3 * SHORTEST_SEGMENT:
-        raise UsageError(f"length must be >= {3 * SHORTEST_SEGMENT} for induction rows; got {length}")
+        raise UsageError(f"`length` must be >= {3 * SHORTEST_SEGMENT} for induction rows; got {length}")
     if ids.ndim != 1 or len(ids) < 2:
-        raise UsageError(f"ids must be a 1-D array of at least 2 token ids; got shape {ids.shape}")
+        raise UsageError(f"`ids` must be a 1-D array of at least 2 token ids; got shape {ids.shape}")
     if count < 1:
         raise ValueError(f"count must be >= 1; got {count}")
     inputs = ids[rng.integers(0, len(ids), size=(count, length))].astype(np.int64)

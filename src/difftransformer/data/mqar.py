@@ -45,10 +45,10 @@ def mqar_vocabulary(
     ids at the bottom of most vocabularies.
     """
     if vocab_size < 8:
-        raise UsageError(f"vocab_size must be >= 8 for MQAR; got {vocab_size}")
+        raise UsageError(f"`vocab_size` must be >= 8 for MQAR; got {vocab_size}")
     first_id = min(256, vocab_size // 4) if first_id is None else first_id
     if not 1 <= first_id < vocab_size - 3:
-        raise UsageError(f"first_id must lie in [1, vocab_size - 3 = {vocab_size - 3}); got {first_id}")
+        raise UsageError(f"`first_id` must lie in [1, `vocab_size` - 3 = {vocab_size - 3}); got {first_id}")
     ids = np.arange(first_id, vocab_size)
     if special_ids:
         ids = ids[~np.isin(ids, sorted(special_ids))]
@@ -81,13 +81,15 @@ class MqarSettings:
     def check(self, vocabulary: MqarVocabulary | None = None) -> None:
         """UsageError naming the field for a setting no sequence can have."""
         if self.num_pairs < 1:
-            raise UsageError(f"num_pairs must be >= 1; got {self.num_pairs}")
+            raise UsageError(f"`num_pairs` must be >= 1; got {self.num_pairs}")
         if not 1 <= self.queries <= self.num_pairs:
-            raise UsageError(f"num_queries must lie in [1, num_pairs={self.num_pairs}]; got {self.queries}")
+            raise UsageError(
+                f"`num_queries` must lie in [1, `num_pairs`={self.num_pairs}]; got {self.queries}"
+            )
         shortest = 2 * (self.num_pairs + self.queries)
         if self.tokens < shortest:
             raise UsageError(
-                f"length must be >= {shortest} for {self.num_pairs} pairs and {self.queries} queries; got "
+                f"`length` must be >= {shortest} for {self.num_pairs} pairs and {self.queries} queries; got "
                 f"{self.tokens}"
             )
         if vocabulary is not None:

@@ -26,7 +26,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> PreTrainedT
     ``AutoTokenizer.from_pretrained(dir)``."""
     if not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB_SIZE:
         raise UsageError(
-            f"vocab_size must be an integer >= {MIN_VOCAB_SIZE} (256 bytes + 2 special), got {vocab_size!r}"
+            f"`vocab_size` must be an integer >= {MIN_VOCAB_SIZE} (256 bytes + 2 special), got {vocab_size!r}"
         )
     if isinstance(texts, str):
         raise TypeError("texts must be an iterable of documents, got a single str")
@@ -51,7 +51,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> PreTrainedT
 
     backend.train_from_iterator(counted(texts), trainer)
     if seen == 0:
-        raise UsageError("texts: cannot train a tokenizer on no text")
+        raise UsageError("`texts`: cannot train a tokenizer on no text")
     return PreTrainedTokenizerFast(
         tokenizer_object=backend, eos_token=EOS_TOKEN, bos_token=EOS_TOKEN, pad_token=PAD_TOKEN
     )
@@ -61,14 +61,14 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """Load a saved tokenizer folder (ours, or any transformers tokenizer with an EOS token); never the hub."""
     path = Path(path).expanduser()
     if not path.is_dir():
-        raise MissingInputError(f"tokenizer: {str(path)!r} is not a folder holding a saved tokenizer")
+        raise MissingInputError(f"`tokenizer`: {str(path)!r} is not a folder holding a saved tokenizer")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as err:
-        raise UsageError(f"tokenizer: cannot load a tokenizer from {path}: {err}") from err
+        raise UsageError(f"`tokenizer`: cannot load a tokenizer from {path}: {err}") from err
     if tokenizer.eos_token_id is None:
         raise UsageError(
-            f"tokenizer: {path} defines no EOS token, which separates documents in packed blocks"
+            f"`tokenizer`: {path} defines no EOS token, which separates documents in packed blocks"
         )
     return tokenizer
 
