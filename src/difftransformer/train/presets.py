@@ -258,6 +258,33 @@ PRESETS: dict[str, Preset] = {
             ),
         ),
         Preset(
+            name="retrieval-long",
+            description="the long-context retrieval study (make study-retrieval-long): the retrieval preset's "
+            "models and mixture on 256-token rows with 8-64 key-value pairs, admitting 1024 tokens so that recall "
+            "is measured beyond the trained length (docs/results/retrieval-long)",
+            hidden_size=64,
+            num_hidden_layers=2,
+            diff_heads=2,
+            intermediate_size=None,
+            block_size=256,
+            # 512 ids: MQAR draws keys and values from ids 128-511, enough distinct ones for 128 pairs.
+            vocab_size=512,
+            eval_blocks=16,
+            mqar_fraction=0.4,
+            induction_fraction=0.4,
+            mqar_pairs=(8, 64),
+            max_position_embeddings=1024,
+            training=_recipe(
+                max_steps=1600,
+                per_device_train_batch_size=32,
+                learning_rate=3e-3,
+                warmup_steps=100,
+                logging_steps=20,
+                eval_steps=100,
+                save_steps=400,
+            ),
+        ),
+        Preset(
             name="small",
             description="one GPU for under an hour, or a long CPU run",
             hidden_size=384,
