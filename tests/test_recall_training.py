@@ -69,11 +69,11 @@ def test_mixed_blocks_are_a_function_of_seed_and_index():
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        (dict(mqar_fraction=1.2), "mqar_fraction must lie in"),
-        (dict(induction_fraction=-0.1), "induction_fraction must lie in"),
+        (dict(mqar_fraction=1.2), "`mqar_fraction` must lie in"),
+        (dict(induction_fraction=-0.1), "`induction_fraction` must lie in"),
         (dict(mqar_fraction=0.6, induction_fraction=0.6), "must be < 1"),
         (dict(needle_fraction=0.5, mqar_fraction=0.5), "some text must remain"),
-        (dict(mqar_pairs=(4, 2)), "mqar_pairs must be"),
+        (dict(mqar_pairs=(4, 2)), "`mqar_pairs` must be"),
     ],
 )
 def test_recall_mix_refuses_bad_settings(fields, message):

@@ -14,3 +14,13 @@ class UsageError(ValueError):
 
 class MissingInputError(UsageError, FileNotFoundError):
     """A file or folder the user named does not exist (also a ``FileNotFoundError``)."""
+
+
+SEED_LIMIT = 2**32  # Python's, NumPy's and transformers' set_seed take seeds in [0, 2**32)
+
+
+def check_seed(seed: int, name: str = "seed") -> None:
+    """Refuse a seed that NumPy (and so transformers' ``set_seed``) cannot take; ``name`` is the field or keyword
+    the seed came in, for the message."""
+    if not 0 <= seed < SEED_LIMIT:
+        raise UsageError(f"`{name}` must lie in [0, 2**32 - 1]; got {seed}")

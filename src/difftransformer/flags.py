@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import typing
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
@@ -40,6 +41,30 @@ PARSE = "parse"
 def flag(name: str) -> str:
     """The command-line flag of the field ``name``: ``needle_digits`` -> ``--needle-digits``."""
     return "--" + name.replace("_", "-")
+
+
+INT64 = (-(2**63), 2**63 - 1)
+
+
+def integer(text: str) -> int:
+    """An argparse type: an integer within int64, the widest that torch, NumPy and the kernels take (argparse
+    says "invalid integer value" otherwise)."""
+    value = int(text)
+    if not INT64[0] <= value <= INT64[1]:
+        raise ValueError(f"{text} lies outside int64")
+    return value
+
+
+def number(text: str) -> float:
+    """An argparse type: a finite float (argparse says "invalid number value" for nan or inf)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is not finite")
+    return value
+
+
+# The types HfArgumentParser gives numeric fields, and ours in their place.
+_BOUNDED_TYPES = {int: integer, float: number}
 
 
 def _items(kind: Callable[[str], Any]) -> Callable[[str], list]:
@@ -154,6 +179,7 @@ def add_flags(
         elif action.dest in preset_fields:
             action.default = argparse.SUPPRESS
             action.help = f"{action.help or ''} (default: the preset's)".strip()
+        action.type = _BOUNDED_TYPES.get(action.type, action.type)
         if action.dest in parsers:
             action.type = _word(parsers[action.dest])
         if action.nargs == "+" and (list_items or action.dest in parsers):

@@ -7,15 +7,17 @@ The one module every layer of the package uses for these (it imports nothing fro
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import math
 import os
+import platform
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from difftransformer.errors import UsageError
+from difftransformer.errors import MissingInputError, UsageError
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -35,6 +37,50 @@ def cache_dir() -> Path:
     if os.environ.get("XDG_CACHE_HOME"):
         return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "difftransformer"
     return Path.home() / ".cache" / "difftransformer"
+
+
+def check_output_dir(path: str | os.PathLike, field: str) -> Path:
+    """Refuse, creating nothing, an output folder that cannot be created or written: ``path`` (the value of the
+    option ``field``) must be a writable folder or not exist yet under a writable folder. A UsageError naming
+    ``field`` says which (a file, a path under a file, no permission). Commands call it for every output location
+    before any work, so that a bad location never loses a finished result."""
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"`{field}` must be a folder; {str(path)!r} is a file")
+    existing = path
+    while not existing.exists():  # the nearest ancestor that exists decides whether ``path`` can be created
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(
+            f"`{field}` {str(path)!r} cannot be created: {str(existing)!r} is a file, not a folder"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(
+            f"`{field}` {str(path)!r} cannot be written: no write permission in {str(existing)!r}"
+        )
+    return path
+
+
+def check_output_file(path: str | os.PathLike, field: str) -> Path:
+    """Refuse, creating nothing, an output file that cannot be written: ``path`` (the value of the option
+    ``field``) must not be a folder, and its folder must be writable or creatable (:func:`check_output_dir`)."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise UsageError(f"`{field}` must be a file; {str(path)!r} is a folder")
+    check_output_dir(path.parent, field)
+    return path
+
+
+def check_input_dir(path: str | os.PathLike, field: str, holding: str = "") -> Path:
+    """Refuse an input folder that does not exist (:class:`~difftransformer.errors.MissingInputError`) or is a
+    file; ``holding`` says what it should hold (e.g. "a saved model")."""
+    path = Path(path).expanduser()
+    what = f"a folder holding {holding}" if holding else "a folder"
+    if not path.exists():
+        raise MissingInputError(f"`{field}` must be {what}; {str(path)!r} does not exist")
+    if not path.is_dir():
+        raise UsageError(f"`{field}` must be {what}; {str(path)!r} is a file")
+    return path
 
 
 def atomic_write(path: str | os.PathLike, content: bytes | str | Callable[[IO[bytes]], None]) -> Path:
@@ -72,6 +118,12 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
     return value
+
+
+def versions() -> dict[str, str]:
+    """The versions a result records beside its settings: this package, torch, transformers and Python."""
+    found = {name: importlib.metadata.version(name) for name in ("difftransformer", "torch", "transformers")}
+    return {**found, "python": platform.python_version()}
 
 
 def write_json(path: str | os.PathLike, payload: Any) -> Path:

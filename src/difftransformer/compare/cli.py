@@ -15,6 +15,7 @@ import os
 from difftransformer.compare.runs import run_comparison
 from difftransformer.compare.settings import DEFAULT_NEEDLES, ComparisonSettings
 from difftransformer.compare.variants import Variant, parse_variants
+from difftransformer.data import DataOptions
 from difftransformer.errors import UsageError
 from difftransformer.eval.harness import check_harness
 from difftransformer.eval.needle import parse_needle_configs
@@ -27,7 +28,6 @@ from difftransformer.train.cli import (
     training_options,
 )
 from difftransformer.train.pipeline import prepare_preset_data
-from difftransformer.train.settings import DataOptions
 
 
 def _int_list(text: str, flag: str) -> list[int]:

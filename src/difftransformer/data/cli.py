@@ -1,104 +1,58 @@
-"""`difftransformer prepare`: fetch the corpus, train (or load) the tokenizer, and cache the packed blocks."""
+"""`difftransformer prepare`: fetch the corpus, train (or load) the tokenizer, and cache the packed blocks.
+
+Options: the data options ``train`` and ``compare`` share (:class:`~difftransformer.data.options.DataOptions`),
+then ``prepare``'s own (:class:`~difftransformer.data.options.PrepareOptions`); every one is checked, and the
+output and cache folders with them, before the corpus is read.
+"""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from difftransformer.data.blocks import packed_blocks
 from difftransformer.data.corpus import SPLITS, CorpusError
 from difftransformer.data.files import open_corpus
+from difftransformer.data.options import DataOptions, PrepareOptions
 from difftransformer.data.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 from difftransformer.errors import UsageError
+from difftransformer.flags import add_flags, given
+from difftransformer.storage import check_output_dir
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """``prepare``'s options."""
-    parser.add_argument(
-        "--data",
-        nargs="+",
-        metavar="SOURCE",
-        help="your own text instead of the built-in Shakespeare corpus: .txt/.md/.jsonl/.json/.parquet files, globs "
-        "(quote them), folders (searched recursively), or a Hugging Face datasets name NAME[:CONFIG] "
-        "(needs the `datasets` package and a reachable hub)",
-    )
-    parser.add_argument(
-        "--text-field",
-        default="text",
-        help="the field holding the text in JSON/JSONL records and parquet rows (default: text)",
-    )
-    parser.add_argument(
-        "--num-proc",
-        type=int,
-        default=None,
-        help="worker processes that tokenise (default: the CPU count)",
-    )
-    parser.add_argument(
-        "--output-dir",
-        default="runs/tokenizer",
-        help="where the tokenizer is saved; AutoTokenizer.from_pretrained(DIR) loads it (default: runs/tokenizer)",
-    )
-    parser.add_argument(
-        "--tokenizer",
-        metavar="DIR",
-        help="use this saved tokenizer folder instead of training one (it is copied to --output-dir)",
-    )
-    parser.add_argument(
-        "--vocab-size",
-        type=int,
-        default=4096,
-        help="vocabulary size of the trained BPE tokenizer (default: 4096)",
-    )
-    parser.add_argument(
-        "--block-size",
-        type=int,
-        default=256,
-        help="tokens per packed training block; train with the same value to reuse the cache (default: 256)",
-    )
-    parser.add_argument(
-        "--cache-dir",
-        type=Path,
-        help="cache for the downloaded corpus and packed blocks (default: $DIFFTRANSFORMER_CACHE or "
-        "~/.cache/difftransformer)",
-    )
-    parser.add_argument(
-        "--seed", type=int, default=0, help="seed of the by-document split of --data (default: 0)"
-    )
-    parser.add_argument(
-        "--validation-fraction",
-        type=float,
-        default=0.05,
-        help="share of --data documents held out for validation (default: 0.05; the built-in corpus is split "
-        "by fixed plays)",
-    )
-    parser.add_argument(
-        "--test-fraction",
-        type=float,
-        default=0.05,
-        help="share of --data documents held out for testing (default: 0.05)",
-    )
+    """``prepare``'s options: the data options, then its own."""
+    add_flags(parser, DataOptions, only_given=True)
+    add_flags(parser, PrepareOptions, only_given=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Open the corpus, train or load the tokenizer, pack and cache every split, print their sizes."""
-    if args.num_proc is not None and args.num_proc < 1:
-        raise UsageError(f"--num-proc must be a positive integer, got {args.num_proc}")
+    """Check every option and folder, open the corpus, train or load the tokenizer, pack and cache every split,
+    print their sizes."""
+    data = DataOptions(**given(vars(args), DataOptions))
+    own = given(vars(args), PrepareOptions)
+    options = PrepareOptions(**own)
+    if data.tokenizer and "vocab_size" in own:
+        raise UsageError(
+            "`vocab_size` sizes a tokenizer trained here; `tokenizer` brings its own: give one of the two"
+        )
+    data.check_locations()
+    output = check_output_dir(options.output_dir, "output_dir")
+    validation_fraction, test_fraction = data.held_out
     corpus = open_corpus(
-        args.data,
-        cache_dir=args.cache_dir,
-        seed=args.seed,
-        validation_fraction=args.validation_fraction,
-        test_fraction=args.test_fraction,
-        text_field=args.text_field,
+        data.data,
+        cache_dir=data.cache_dir,
+        seed=options.seed,
+        validation_fraction=validation_fraction,
+        test_fraction=test_fraction,
+        text_field=data.field_name,
     )
-    output = Path(args.output_dir)
-    if args.tokenizer:
-        tokenizer = load_tokenizer(args.tokenizer)
+    if data.tokenizer:
+        tokenizer = load_tokenizer(data.tokenizer)
     else:
         print(
-            f"training a byte-level BPE tokenizer (vocabulary {args.vocab_size}) on {corpus.name} train split"
+            f"training a byte-level BPE tokenizer (vocabulary {options.vocab_size}) on {corpus.name} train split"
         )
-        tokenizer = train_tokenizer(corpus.documents("train"), vocab_size=args.vocab_size)
+        tokenizer = train_tokenizer(corpus.documents("train"), vocab_size=options.vocab_size)
     save_tokenizer(tokenizer, output)
 
     rows = []
@@ -114,18 +68,18 @@ def run(args: argparse.Namespace) -> int:
             blocks = packed_blocks(
                 lambda split=split: corpus.documents(split),
                 tokenizer,
-                args.block_size,
-                cache_dir=args.cache_dir,
-                num_proc=args.num_proc,
+                options.block_size,
+                cache_dir=data.cache_dir,
+                num_proc=data.num_proc,
                 desc=split,
             )
         except CorpusError as err:
             raise CorpusError(
-                f"--data {' '.join(args.data or ['(built-in)'])}, {split} split: {err}"
+                f"`data` {' '.join(data.data or ['(built-in)'])}, {split} split: {err}"
             ) from err
         rows.append((split, n_docs, chars, blocks.numel(), blocks.shape[0]))
 
-    print(f"\ncorpus {corpus.name}, block size {args.block_size}, vocabulary {len(tokenizer)}")
+    print(f"\ncorpus {corpus.name}, block size {options.block_size}, vocabulary {len(tokenizer)}")
     # Tokens are those in whole blocks: what training sees (each split drops its tail shorter than a block).
     print(f"{'split':<12}{'documents':>11}{'characters':>14}{'tokens':>12}{'blocks':>9}")
     for split, n_docs, chars, tokens, n_blocks in rows:

@@ -5,16 +5,16 @@ from difftransformer.train.checkpoints import checkpoint_problem, last_good_chec
 from difftransformer.train.lock import RunDirectoryLocked, RunLock
 from difftransformer.train.presets import PRESETS, RECIPE, Preset, get_preset
 from difftransformer.train.runner import TrainResult, train_model
-from difftransformer.train.settings import DataOptions, PresetOptions, TrainingSettings, tokens_per_step
+from difftransformer.train.settings import PresetOptions, RunOptions, TrainingSettings, tokens_per_step
 
 __all__ = [
     "PRESETS",
     "RECIPE",
-    "DataOptions",
     "Preset",
     "PresetOptions",
     "RunDirectoryLocked",
     "RunLock",
+    "RunOptions",
     "TrainResult",
     "TrainingSettings",
     "checkpoint_problem",

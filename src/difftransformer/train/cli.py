@@ -3,8 +3,10 @@
 Options: ours first (the run, the preset and model, the data), then every transformers ``TrainingArguments``
 option under its own name (``--gradient-checkpointing``, ``--bf16``, ``--optim adafactor``, ``--fsdp ...``, ...).
 A preset's values are the defaults of the options it sets; docs/training.md lists where ours differ from
-transformers'. Under ``torchrun --nproc_per_node=N -m difftransformer train ...`` Trainer/accelerate runs DDP (gloo
-on CPU, NCCL on GPU); the batch flags are per process, as in ``TrainingArguments``.
+transformers'. With ``--data`` the preset's synthetic recall rows are left out unless a ``--*-fraction`` flag asks
+for them. Every option, the input folders and the output folders are checked before any data is read. Under
+``torchrun --nproc_per_node=N -m difftransformer train ...`` Trainer/accelerate runs DDP (gloo on CPU, NCCL on
+GPU); the batch flags are per process, as in ``TrainingArguments``.
 """
 
 from __future__ import annotations
@@ -16,15 +18,19 @@ import sys
 
 from tqdm.auto import tqdm
 
+from difftransformer.convert.folders import model_type
 from difftransformer.convert.upcycle import initial_model
+from difftransformer.data import DataOptions
 from difftransformer.errors import UsageError
-from difftransformer.flags import add_flags, given
+from difftransformer.flags import add_flags, flag, given
 from difftransformer.models import ATTENTION_KINDS
+from difftransformer.storage import check_input_dir
 from difftransformer.train.checkpoints import last_good_checkpoint
 from difftransformer.train.pipeline import prepare_preset_data
 from difftransformer.train.presets import PRESETS, RECIPE, Preset, get_preset
-from difftransformer.train.runner import is_main_process, train_model
-from difftransformer.train.settings import DataOptions, PresetOptions, TrainingSettings
+from difftransformer.train.provenance import record_provenance
+from difftransformer.train.runner import check_run_folder, is_main_process, train_model
+from difftransformer.train.settings import RECALL_FRACTIONS, PresetOptions, RunOptions, TrainingSettings
 
 
 def preset_help() -> str:
@@ -46,29 +52,33 @@ def add_recipe_options(parser: argparse.ArgumentParser, *, exclude: frozenset[st
 def configure(parser: argparse.ArgumentParser) -> None:
     """``train``'s own options, then the shared ones."""
     parser.usage = "%(prog)s --output-dir DIR [--preset NAME] [--attention KIND] [--resume] [OPTION ...]"
-    run = parser.add_argument_group("run")
-    run.add_argument(
-        "--attention",
-        choices=ATTENTION_KINDS,
-        help="diff: DIFF V1 with the preset's h heads; softmax: the matched baseline (2h heads); diff_v2: DIFF V2 "
-        "with the baseline's head count (default: diff; with --init-from, the folder's kind)",
-    )
-    run.add_argument(
-        "--init-from",
-        metavar="DIR",
-        help="start from a saved model folder: its weights, config and tokenizer (a softmax or Llama-family model "
-        "is upcycled when --attention names diff_v2 or diff; docs/training.md); the preset gives the recipe",
-    )
-    run.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue from the last finished checkpoint in --output-dir (unfinished ones are set aside)",
-    )
+    add_flags(parser, RunOptions)
     add_recipe_options(parser)
 
 
+def data_options(args: argparse.Namespace, init_from: str | None) -> DataOptions:
+    """The data options of the command line, checked with their folders; ``init_from`` (a pretrained folder)
+    brings the tokenizer."""
+    options = DataOptions(**given(vars(args), DataOptions))
+    if init_from:
+        if options.tokenizer:
+            raise UsageError(
+                "`tokenizer`: `init_from` brings the folder's own tokenizer; give one of the two"
+            )
+        options = dataclasses.replace(options, tokenizer=init_from)
+    if options.tokenizer and vars(args).get("vocab_size") is not None:
+        raise UsageError(
+            "`vocab_size` sizes a tokenizer trained on the data; `tokenizer` (or `init_from`) brings its own: "
+            "give one of the two"
+        )
+    options.check_locations()
+    return options
+
+
 def resolved_preset(args: argparse.Namespace) -> Preset:
-    """The chosen preset with every preset option the user gave applied (training options included)."""
+    """The chosen preset with every preset option the user gave applied (training options included). With
+    ``--data`` (the user's own text), the preset's shares of synthetic recall rows (needle, MQAR, induction) are
+    0 unless the command line gives them."""
     options = PresetOptions(**given(vars(args), PresetOptions))
     preset = get_preset(options.preset)
     overrides = {
@@ -76,8 +86,11 @@ def resolved_preset(args: argparse.Namespace) -> Preset:
         for name, value in dataclasses.asdict(options).items()
         if name != "preset" and value is not None
     }
+    if vars(args).get("data") is not None:
+        overrides = {**{name: 0.0 for name in RECALL_FRACTIONS}, **overrides}
     training = {name: value for name, value in given(vars(args), TrainingSettings).items() if name in RECIPE}
     preset = dataclasses.replace(preset, **overrides).with_training(**training)
+    preset.recall  # noqa: B018  (the recall mix checks its shares now)
     for attention in ATTENTION_KINDS:  # the model options are checked now, before any work
         try:
             preset.model_config(attention)
@@ -86,6 +99,16 @@ def resolved_preset(args: argparse.Namespace) -> Preset:
         except ValueError as err:  # the model config's refusal of a shape the flags asked for
             raise UsageError(f"preset {preset.name} with the given model options: {err}") from err
     return preset
+
+
+def recall_note(preset: Preset) -> str | None:
+    """The line ``train`` and ``compare`` print when synthetic rows are drawn into the user's own ``--data``
+    (None when none are)."""
+    shares = [f"{getattr(preset, name):.0%} {name.removesuffix('_fraction')} ({flag(name)})"
+              for name in RECALL_FRACTIONS if getattr(preset, name)]  # fmt: skip
+    if not shares:
+        return None
+    return "synthetic rows drawn into the training rows of --data, as asked: " + ", ".join(shares)
 
 
 def training_options(args: argparse.Namespace) -> dict:
@@ -101,36 +124,50 @@ def checked_training_settings(preset: Preset, **fields) -> TrainingSettings:
         return preset.training_settings(**fields)
     except UsageError:
         raise
-    except ValueError as err:
+    except (ValueError, ImportError) as err:  # ImportError: an option needs a package that is not installed
         raise UsageError(f"training options: {err}") from err
 
 
 def run(args: argparse.Namespace) -> int:
-    """Prepare the data, train, print a one-line summary; Ctrl-C stops with a one-line note (exit 130)."""
+    """Check every option and folder, prepare the data, train, print a one-line summary; Ctrl-C stops with a
+    one-line note (exit 130)."""
+    run_options = RunOptions(**given(vars(args), RunOptions))
     preset = resolved_preset(args)
     settings = checked_training_settings(preset, **training_options(args))
-    data_options = DataOptions(**given(vars(args), DataOptions))
+    if run_options.init_from:
+        check_input_dir(run_options.init_from, "init_from", "a saved model")
+        model_type(run_options.init_from)  # a folder without a readable config.json is refused now
+    data = data_options(args, run_options.init_from)
+    check_run_folder(settings.output_dir, resume=run_options.resume)
+    if data.data is not None and (note := recall_note(preset)):
+        print(note)
     pretrained = None
-    if args.init_from:
-        if data_options.tokenizer:
-            raise UsageError(
-                "--tokenizer: --init-from brings the folder's own tokenizer; give one of the two"
-            )
-        data_options = dataclasses.replace(data_options, tokenizer=args.init_from)
-        pretrained = initial_model(args.init_from, args.attention, seed=settings.seed)
-    data = prepare_preset_data(preset, data_options, settings.seed)
+    if run_options.init_from:
+        pretrained = initial_model(run_options.init_from, run_options.attention, seed=settings.seed)
+    prepared = prepare_preset_data(preset, data, settings.seed)
     model = (
-        pretrained if pretrained is not None else preset.model_for(args.attention or "diff", data.tokenizer)
+        pretrained
+        if pretrained is not None
+        else preset.model_for(run_options.attention or "diff", prepared.tokenizer)
     )
     attention = (model.config if pretrained is not None else model).attention
+    if is_main_process():
+        record_provenance(
+            settings.output_dir,
+            preset=preset,
+            training=settings,
+            data=data,
+            attention=attention,
+            init_from=run_options.init_from,
+        )
     try:
         result = train_model(
             model,
-            data.train_dataset,
-            data.validation_blocks[: preset.eval_blocks],
-            data.tokenizer,
+            prepared.train_dataset,
+            prepared.validation_blocks[: preset.eval_blocks],
+            prepared.tokenizer,
             settings,
-            resume=args.resume,
+            resume=run_options.resume,
             progress_desc=attention,
         )
     except KeyboardInterrupt:

@@ -58,16 +58,16 @@ class RecallMix:
         for name in ("needle_fraction", "mqar_fraction", "induction_fraction"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
-                raise UsageError(f"{name} must lie in [0, 1]; got {value}")
+                raise UsageError(f"`{name}` must lie in [0, 1]; got {value}")
         if self.needle_fraction + self.mqar_fraction + self.induction_fraction >= 1.0:
             raise UsageError(
-                f"needle_fraction + mqar_fraction + induction_fraction must be < 1 (some text must remain); got "
+                f"`needle_fraction` + `mqar_fraction` + `induction_fraction` must be < 1 (some text must remain); got "
                 f"{self.needle_fraction} + {self.mqar_fraction} + {self.induction_fraction}"
             )
         low, high = self.mqar_pairs
         if not 1 <= low <= high:
             raise UsageError(
-                f"mqar_pairs must be (lowest, highest) with 1 <= lowest <= highest; got {self.mqar_pairs}"
+                f"`mqar_pairs` must be (lowest, highest) with 1 <= lowest <= highest; got {self.mqar_pairs}"
             )
 
     def check(self, block_size: int, vocabulary: MqarVocabulary) -> None:

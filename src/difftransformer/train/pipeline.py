@@ -9,11 +9,10 @@ from pathlib import Path
 
 import torch
 
-from difftransformer.data import load_tokenizer, open_corpus, packed_blocks, train_tokenizer
+from difftransformer.data import DataOptions, load_tokenizer, open_corpus, packed_blocks, train_tokenizer
 from difftransformer.train.mixture import MixedBlocks, RecallMix
 from difftransformer.train.presets import Preset
 from difftransformer.train.retrieval import NeedleRows
-from difftransformer.train.settings import DataOptions
 
 
 @dataclass
@@ -68,13 +67,25 @@ def prepare_data(
     seed: int = 0,
     cache_dir: str | Path | None = None,
     num_proc: int | None = None,
+    validation_fraction: float = 0.05,
+    test_fraction: float = 0.05,
+    text_field: str = "text",
 ) -> PreparedData:
     """Load ``data`` (None: the built-in Shakespeare), train a byte-level BPE on its training split (or load
     ``tokenizer_path``) and pack every split into blocks; ``recall`` rows (multi-needle retrieval examples whose
     haystacks come from the training text, MQAR and induction rows) are drawn in as the data is served
     (:attr:`PreparedData.train_dataset`). The corpus is streamed, never
-    held in memory; ``num_proc`` processes tokenise it (default: the CPU count) when its blocks are not cached."""
-    corpus = open_corpus(data, cache_dir=cache_dir, seed=seed)
+    held in memory; ``num_proc`` processes tokenise it (default: the CPU count) when its blocks are not cached.
+    ``validation_fraction``, ``test_fraction`` and ``text_field`` apply to ``data``
+    (:func:`~difftransformer.data.open_corpus`)."""
+    corpus = open_corpus(
+        data,
+        cache_dir=cache_dir,
+        seed=seed,
+        validation_fraction=validation_fraction,
+        test_fraction=test_fraction,
+        text_field=text_field,
+    )
     tokenizer = (
         load_tokenizer(tokenizer_path)
         if tokenizer_path
@@ -117,4 +128,7 @@ def prepare_preset_data(preset: Preset, options: DataOptions, seed: int) -> Prep
         seed=seed,
         cache_dir=options.cache_dir,
         num_proc=options.num_proc,
+        validation_fraction=options.held_out[0],
+        test_fraction=options.held_out[1],
+        text_field=options.field_name,
     )

@@ -23,7 +23,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from difftransformer.errors import UsageError
 from difftransformer.models import DiffTransformerConfig, DiffTransformerForCausalLM
 from difftransformer.ops import fused_cpu_available
-from difftransformer.storage import read_json, write_json
+from difftransformer.storage import check_output_dir, read_json, write_json
 from difftransformer.train.callbacks import CsvMetrics, ProgressBar
 from difftransformer.train.checkpoints import CompletionMarker, checkpoints, last_good_checkpoint
 from difftransformer.train.fsdp import check_fsdp_state_dict, enable_fsdp_on_cpu
@@ -309,15 +309,26 @@ def _check_same_model(checkpoint: Path, config: DiffTransformerConfig) -> None:
         )
 
 
+def check_run_folder(output_dir: str | os.PathLike, *, resume: bool) -> Path:
+    """Refuse, creating nothing, a run folder that cannot be written
+    (:func:`~difftransformer.storage.check_output_dir`) or that holds another run's checkpoints when not
+    ``resume`` (:class:`~difftransformer.train.lock.RunDirectoryTaken`): what ``train_model`` would refuse, for a
+    command to check before any work."""
+    path = check_output_dir(output_dir, "output_dir")
+    existing = checkpoints(path) if path.is_dir() else []
+    if existing and not resume:
+        raise RunDirectoryTaken(
+            f"{path} already holds checkpoints ({existing[-1].name}); pass `resume` to continue that run "
+            "or choose another `output_dir`"
+        )
+    return path
+
+
 def _checkpoint_to_resume(output_dir: Path, resume: bool) -> Path | None:
-    existing = checkpoints(output_dir)
+    check_run_folder(output_dir, resume=resume)
     if not resume:
-        if existing:
-            raise RunDirectoryTaken(
-                f"{output_dir} already holds checkpoints ({existing[-1].name}); pass `resume` to continue that run "
-                "or choose another `output_dir`"
-            )
         return None
+    existing = checkpoints(output_dir)
     checkpoint = last_good_checkpoint(output_dir, quarantine=is_main_process())
     if checkpoint is None:
         if existing:

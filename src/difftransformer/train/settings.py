@@ -3,20 +3,25 @@
 :class:`TrainingSettings` *is* ``TrainingArguments`` (every option under its own name, so a new transformers option
 reaches ``train`` and ``compare`` without a change here); it differs only where our runs need it, each difference
 documented on the field and in docs/training.md. A preset (:mod:`difftransformer.train.presets`) sets some of its
-fields; every field no preset sets keeps transformers' default. :class:`PresetOptions` and :class:`DataOptions` are
-our own options. :mod:`difftransformer.flags` turns these dataclasses into command-line flags (transformers'
-``HfArgumentParser``: ``--name`` and ``--name-with-dashes``) and reads back what a command line set.
+fields; every field no preset sets keeps transformers' default. :class:`PresetOptions` holds our own
+options of the model and recipe (the data options, shared with ``prepare``, are
+:class:`difftransformer.data.options.DataOptions`).
+:mod:`difftransformer.flags` turns these dataclasses into command-line flags (transformers' ``HfArgumentParser``:
+``--name`` and ``--name-with-dashes``) and reads back what a command line set.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from transformers import TrainingArguments
 from transformers.trainer_utils import IntervalStrategy
 
-from difftransformer.errors import UsageError
+from difftransformer.data.tokenizer import MIN_VOCAB_SIZE
+from difftransformer.errors import UsageError, check_seed
+from difftransformer.models import ATTENTION_KINDS
 
 
 @dataclass
@@ -81,7 +86,34 @@ class TrainingSettings(TrainingArguments):
             )
         if self.learning_rate <= 0:
             raise UsageError(f"`learning_rate` must be > 0; got {self.learning_rate}")
+        check_seed(self.seed)
+        check_seed(self.data_seed, "data_seed")
         super().__post_init__()
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """``train``'s own options: the attention kind, a model to start from, and whether to resume."""
+
+    _argument_group_name = "run"
+
+    attention: Literal[ATTENTION_KINDS] | None = field(
+        default=None,
+        metadata={"help": "diff: DIFF V1 with the preset's h heads; softmax: the matched baseline (2h heads); "
+                  "diff_v2: DIFF V2 with the baseline's head count (default: diff; with --init-from, the folder's "
+                  "kind)"},
+    )  # fmt: skip
+    init_from: str | None = field(
+        default=None,
+        metadata={"help": "start from a saved model folder: its weights, config and tokenizer (a softmax or "
+                  "Llama-family model is upcycled when --attention names diff_v2 or diff; docs/training.md); the "
+                  "preset gives the recipe", "metavar": "DIR"},
+    )  # fmt: skip
+    resume: bool = field(
+        default=False,
+        metadata={"help": "continue from the last finished checkpoint in --output-dir (unfinished ones are set "
+                  "aside)"},
+    )  # fmt: skip
 
 
 @dataclass
@@ -142,30 +174,20 @@ class PresetOptions:
         },
     )
 
+    def __post_init__(self) -> None:
+        for name, lowest in (("block_size", 2), ("vocab_size", MIN_VOCAB_SIZE), ("eval_blocks", 1),
+                             ("max_position_embeddings", 2)):  # fmt: skip
+            value = getattr(self, name)
+            if value is not None and value < lowest:
+                raise UsageError(f"`{name}` must be at least {lowest}; got {value}")
+        for name in RECALL_FRACTIONS:
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < 1:
+                raise UsageError(f"`{name}` must lie in [0, 1); got {value}")
 
-@dataclass
-class DataOptions:
-    """Where the text and the tokenizer come from."""
 
-    _argument_group_name = "data"
-
-    data: list[str] | None = field(
-        default=None,
-        metadata={"help": "your own text instead of the built-in Shakespeare corpus: .txt/.md/.jsonl/.json/"
-                  ".parquet files, globs, folders, or a datasets name where a hub is reachable"},
-    )  # fmt: skip
-    tokenizer: str | None = field(
-        default=None, metadata={"help": "a saved tokenizer folder instead of training one"}
-    )
-    cache_dir: str | None = field(
-        default=None,
-        metadata={"help": "cache for the corpus and packed blocks (default: $DIFFTRANSFORMER_CACHE, else "
-                  "$XDG_CACHE_HOME/difftransformer, else ~/.cache/difftransformer)"},
-    )  # fmt: skip
-    num_proc: int | None = field(
-        default=None,
-        metadata={"help": "worker processes that tokenise uncached data (default: the CPU count)"},
-    )
+# The shares of synthetic rows a preset may draw into training (PresetOptions fields of the same names).
+RECALL_FRACTIONS = ("needle_fraction", "mqar_fraction", "induction_fraction")
 
 
 def step_tokens(block_size: int, *, per_device_batch: int, accumulation: int, world_size: int) -> int:

@@ -1,0 +1,83 @@
+"""What a trained run folder says about how it was made: the settings of the run (preset, training options, data,
+attention kind, the folder it started from) and the package versions, in ``provenance.json``.
+
+``train`` appends one entry per invocation (a resumed run has several); ``compare`` reads a run's entry before it
+reuses the run and refuses one trained with other settings (:func:`differing_settings`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from difftransformer.data import DataOptions
+from difftransformer.storage import jsonable, read_json, versions, write_json
+from difftransformer.train.presets import Preset
+from difftransformer.train.settings import TrainingSettings
+
+PROVENANCE_JSON = "provenance.json"
+
+# TrainingArguments fields that say where a run writes and how it reports, not what it trains: two runs that
+# differ only in these trained alike.
+NOT_RESULT_SETTINGS = frozenset({"output_dir", "logging_dir", "run_name", "report_to", "disable_tqdm"})
+
+
+def run_settings(
+    *,
+    preset: Preset,
+    training: TrainingSettings,
+    data: DataOptions,
+    attention: str,
+    init_from: str | None = None,
+) -> dict[str, Any]:
+    """The settings that decide what a run trains, as JSON data: the preset (its name, model shape and data recipe),
+    every training option except :data:`NOT_RESULT_SETTINGS` (the preset's training overrides applied), the data
+    options, the attention kind (a variant's spec, with its overrides) and the pretrained folder it starts from."""
+    options = json.loads(training.to_json_string())
+    shape = {
+        key: value
+        for key, value in dataclasses.asdict(preset).items()
+        if key not in ("description", "training")
+    }
+    return jsonable(
+        {
+            "attention": attention,
+            "init_from": os.path.abspath(init_from) if init_from else None,
+            "preset": shape,
+            "training": {key: value for key, value in options.items() if key not in NOT_RESULT_SETTINGS},
+            "data": dataclasses.asdict(data),
+        }
+    )
+
+
+def record_provenance(folder: str | os.PathLike, **settings: Any) -> Path:
+    """Append this invocation's :func:`run_settings` (``settings`` are its keywords) and the package versions to
+    ``folder/provenance.json``; returns its path."""
+    path = Path(folder) / PROVENANCE_JSON
+    entries = read_json(path)["invocations"] if path.is_file() else []
+    entry = {"settings": run_settings(**settings), "versions": versions()}
+    return write_json(path, {"invocations": [*entries, entry]})
+
+
+def recorded_settings(folder: str | os.PathLike) -> dict[str, Any] | None:
+    """The settings of the last invocation recorded in ``folder`` (None when the folder records none)."""
+    path = Path(folder) / PROVENANCE_JSON
+    if not path.is_file():
+        return None
+    return read_json(path)["invocations"][-1]["settings"]
+
+
+def differing_settings(recorded: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(name, recorded value, current value) of every setting that differs between two :func:`run_settings`;
+    the name is the field's own (``learning_rate``, ``block_size``), the group it sits in left out."""
+    differ = []
+    for key in sorted(set(recorded) | set(current)):
+        old, new = recorded.get(key), current.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            differ += differing_settings(old, new)
+        elif old != new:
+            differ.append((key, old, new))
+    return differ
