@@ -190,7 +190,7 @@ def test_suite_refuses_bad_tasks_and_short_text():
         assert problem in str(err.value) and "needle, attention, outliers, quant, longctx, icl, mqar" in str(
             err.value
         )
-    with pytest.raises(ValueError, match="--samples must be >= 1; got 0"):
+    with pytest.raises(ValueError, match="`samples` must be >= 1; got 0"):
         suite.SuiteSettings(light={"needle": {"samples": 0}})
     texts = synthetic_texts(count=12)
     tokenizer = small_tokenizer(texts, vocab_size=400)

@@ -531,23 +531,17 @@ class RecallOracle(nn.Module):
 
 
 def test_mqar_oracle_and_wrong(tmp_path):
-    right = mqar.run_mqar(
-        RecallOracle(500),
-        num_pairs=[2, 8],
-        sequences=5,
-        batch_size=2,
-        output_dir=tmp_path,
-        progress=False,
-        allocation=0,
-    )
+    options = mqar.MqarOptions(num_pairs=[2, 8], sequences=5, batch_size=2, allocation=0)
+    right = mqar.run_mqar(RecallOracle(500), None, options, output_dir=tmp_path, progress=False)
     assert [r["accuracy"] for r in right["rows"]] == [1.0, 1.0]
     wrong = mqar.run_mqar(
-        RecallOracle(500, wrong=True), num_pairs=[8], sequences=5, progress=False, allocation=0
-    )
+        RecallOracle(500, wrong=True), None, mqar.MqarOptions(num_pairs=[8], sequences=5, allocation=0),
+        progress=False,
+    )  # fmt: skip
     assert wrong["rows"][0]["accuracy"] == 0.0
     assert (tmp_path / "mqar.png").exists()
-    with pytest.raises(ValueError, match="num-pairs"):
-        mqar.run_mqar(RecallOracle(500), num_pairs=[4000], progress=False)
+    with pytest.raises(ValueError, match="`num_pairs` 4000 with its queries: 16000 tokens exceeds"):
+        mqar.run_mqar(RecallOracle(50_000), None, mqar.MqarOptions(num_pairs=[4000]), progress=False)
 
 
 def test_mqar_allocation_reads_the_queried_pair(monkeypatch):

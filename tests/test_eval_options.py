@@ -38,9 +38,9 @@ def test_mqar_options_round_trip_through_their_flags():
         10,
         16,
     )
-    with pytest.raises(ValueError, match="--sequences must be >= 1; got 0"):
+    with pytest.raises(ValueError, match="`sequences` must be >= 1; got 0"):
         mqar.MqarOptions(**parse(mqar.MqarOptions, "--sequences", "0"))
-    with pytest.raises(ValueError, match=r"--num-pairs must be >= 1; got \[4, 0\]"):
+    with pytest.raises(ValueError, match=r"`num_pairs` must be >= 1; got \[4, 0\]"):
         mqar.MqarOptions(**parse(mqar.MqarOptions, "--num-pairs", "4,0"))
 
 
@@ -51,9 +51,9 @@ def test_needle_options_check_their_flags_and_run_keywords():
     }
     for settings, message in (
         ({"needles": ["2:3"]}, "1 <= R <= N"),
-        ({"depths": [1.5]}, r"--depths must lie in \[0, 1\]"),
-        ({"needle_template": "no fields"}, "--needle-template must contain {city}"),
-        ({"context_lengths": []}, "--context-lengths must hold at least one value"),
+        ({"depths": [1.5]}, r"`depths` must lie in \[0, 1\]"),
+        ({"needle_template": "no fields"}, "`needle_template` must contain {city}"),
+        ({"context_lengths": []}, "`context_lengths` must hold at least one value"),
     ):
         with pytest.raises(ValueError, match=message):
             needle.NeedleOptions(**settings)

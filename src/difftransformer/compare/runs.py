@@ -162,6 +162,8 @@ def run_comparison(
             context_length=scaled.block_size,
             needle_digits=scaled.needle_digits,
             needles=tuple(tuple(pair) for pair in comparison.needles),
+            # A pretrained model (--init-from) keeps its own context; the preset's models take this one.
+            max_positions=None if comparison.init_from else scaled.model_config().max_position_embeddings,
             light={"needle": {"samples": comparison.needle_samples}} if comparison.needle_samples else {},
         )
         # Refuse settings the held-out text or the tokenizer cannot serve before anything is trained; without

@@ -70,7 +70,7 @@ def _draw_panel(axis, task: str, groups: list[Group], panel: Panel, chart: Chart
                 capsize=3,
                 label=label,
             )
-        axis.set_xticks(range(len(headers)), chart.xticks or headers)
+        axis.set_xticks(range(len(headers)), panel.xticks or chart.xticks or headers)
         axis.set(xlabel=chart.xlabel)
         axis.grid(alpha=0.3)
     axis.set(ylabel=panel.ylabel)
@@ -90,8 +90,12 @@ def plot_task(task: str, groups: list[Group], path: Path) -> None:
         names = chart.panels[0].columns
         figure, axes = plt.subplots(figsize=(max(6, 1.6 * len(names) + 2), 4), squeeze=False)
     else:
-        figure, axes = plt.subplots(1, len(chart.panels), figsize=(5.5 * len(chart.panels), 4), squeeze=False)
-    for axis, panel in zip(axes[0], chart.panels):
+        # At most four panels a row: a chart of many panels (mqar's grid of lengths) wraps.
+        rows, columns = -(-len(chart.panels) // 4), min(len(chart.panels), 4)
+        figure, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 4 * rows), squeeze=False)
+        for axis in axes.flat[len(chart.panels) :]:
+            axis.set_visible(False)
+    for axis, panel in zip(axes.flat, chart.panels):
         _draw_panel(axis, task, groups, panel, chart)
     if chart.kind == "bars":
         axes[0][0].set(title=chart.title)

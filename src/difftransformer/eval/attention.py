@@ -41,7 +41,7 @@ from difftransformer.eval.needle import (
     require_needles_fit,
     validate_needle_run,
 )
-from difftransformer.eval.options import flag, option, with_settings
+from difftransformer.eval.options import option, with_settings
 from difftransformer.eval.task import Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.plotting import pyplot, save_figure
 from difftransformer.stats import mean
@@ -121,7 +121,7 @@ class AttentionOptions(NeedleOptions):
         super().__post_init__()
         for name in ("context_lengths", "needles"):
             if len(getattr(self, name)) != 1:
-                raise UsageError(f"attention takes exactly one {flag(name)} value; got {getattr(self, name)}")
+                raise UsageError(f"attention takes exactly one `{name}` value; got {getattr(self, name)}")
 
 
 def run_attention(

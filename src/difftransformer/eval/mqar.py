@@ -5,6 +5,11 @@ pairs, then the queried keys among filler. The model must predict each queried k
 after the key; we read the argmax over the whole vocabulary (one forward per sequence). Accuracy = share of
 queries answered exactly.
 
+One run scores every pair count at one sequence length each (the shortest that holds it, by default) or, with
+``lengths``, a grid of sequence lengths by pair counts, Zoology's accuracy against sequence length: every cell
+whose length holds its pairs and queries is scored, every other one is listed as skipped. Where the model looks
+when it recalls (its attention allocation) is read at every length, at the smallest pair count that length holds.
+
 The task is tokenizer-independent: keys and values are token ids drawn directly from the model's vocabulary, keys
 from the lower half of [first_id, vocab_size) and values from the upper half, so a key never doubles as a value.
 ``first_id`` (default 256, or a quarter of a smaller vocabulary) skips the special and byte-level ids at the
@@ -24,11 +29,17 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from difftransformer.data.mqar import MqarBatch, MqarSettings, make_mqar_batch, mqar_vocabulary
+from difftransformer.data.mqar import (
+    MqarBatch,
+    MqarSettings,
+    MqarVocabulary,
+    make_mqar_batch,
+    mqar_vocabulary,
+)
 from difftransformer.errors import UsageError
 from difftransformer.eval.attention import PAPER_ANSWER_SHARE, PAPER_CONTEXT_SHARE, allocation, attention_maps
 from difftransformer.eval.common import check_context_length, max_context, model_device
-from difftransformer.eval.options import at_least, not_empty, option, with_settings
+from difftransformer.eval.options import at_least, not_empty, option
 from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.plotting import pyplot, save_figure
 from difftransformer.stats import mean
@@ -61,89 +72,183 @@ def mqar_allocation(model: nn.Module, batch: MqarBatch) -> dict[str, float]:
     return {key: mean(values) for key, values in shares.items()}
 
 
+def distinct(options: Any, *names: str) -> None:
+    """Refuse a list field that repeats a value (a repeated setting would be scored twice)."""
+    for name in names:
+        values = getattr(options, name)
+        if values is not None and len(set(values)) != len(values):
+            raise UsageError(f"`{name}` must hold distinct values; got {list(values)}")
+
+
 @dataclass(frozen=True)
 class MqarOptions:
-    """mqar's settings (``difftransformer eval mqar`` flags, :func:`run_mqar` keywords)."""
+    """mqar's settings (``difftransformer eval mqar`` flags, the fields of :func:`run_mqar`'s options)."""
 
     num_pairs: list[int] = option([4, 8, 16, 32, 64], "key-value pairs per sequence, one setting each")
     num_queries: int | None = option(None, "queries per sequence (unset: every key, capped at the pairs)")
-    length: int | None = option(None, "tokens per sequence, queries spread over filler (unset: the shortest that "
-                                "holds the pairs and queries, 4 tokens a pair)")  # fmt: skip
+    lengths: list[int] | None = option(None, "sequence lengths in tokens: every pair count is scored at every "
+                                       "length that holds its pairs and queries, queries spread over the filler "
+                                       "(unset: each pair count at the shortest length that holds it, 4 tokens "
+                                       "a pair)")  # fmt: skip
     sequences: int = option(64, "sequences per setting")
     batch_size: int = option(16, "sequences per forward pass")
     first_id: int | None = option(None, "lowest vocabulary id for keys and values (unset: 256, or a quarter of "
                                   "a smaller vocabulary)")  # fmt: skip
     seed: int = option(0, "seed of the draws")
-    allocation: int = option(16, "sequences of the smallest pair count whose attention is read: the share on the "
-                             "queried pair and on the rest of the context (0 skips it)")  # fmt: skip
+    allocation: int = option(16, "sequences whose attention is read, at every length at the smallest pair count "
+                             "it holds: the share on the queried pair and on the rest of the context (0 skips "
+                             "it)")  # fmt: skip
 
     def __post_init__(self) -> None:
-        not_empty(self, "num_pairs")
+        not_empty(self, "num_pairs", "lengths")
         at_least(self, 0, "allocation")
-        at_least(self, 1, "num_pairs", "num_queries", "sequences", "batch_size", "length")
-        at_least(self, 1, "first_id")
+        at_least(self, 1, "num_pairs", "num_queries", "sequences", "batch_size", "lengths", "first_id")
+        distinct(self, "num_pairs", "lengths")
+        if not self.cells()[0]:
+            raise UsageError(
+                f"no length of `lengths` {self.lengths} holds any of `num_pairs` {self.num_pairs} with its "
+                f"queries (4 tokens a pair when every key is queried)"
+            )
 
     def queries(self, pairs: int) -> int:
         """Queries of a sequence of ``pairs`` key-value pairs."""
         return pairs if self.num_queries is None else min(self.num_queries, pairs)
 
-    def tokens(self, pairs: int) -> int:
-        """Tokens of a sequence of ``pairs`` key-value pairs."""
-        return MqarSettings(pairs, self.queries(pairs), self.length).tokens
+    def cells(self) -> tuple[list[MqarSettings], list[dict]]:
+        """(the settings scored, the cells skipped): every pair count at its shortest length, or with
+        :attr:`lengths` every (length, pair count) whose length holds the pairs and their queries, length by
+        length; each skipped cell says why."""
+        if self.lengths is None:
+            return [MqarSettings(n, self.queries(n)) for n in self.num_pairs], []
+        scored, skipped = [], []
+        for length in self.lengths:
+            for n in self.num_pairs:
+                need = MqarSettings(n, self.queries(n)).tokens
+                if need <= length:
+                    scored.append(MqarSettings(n, self.queries(n), length))
+                else:
+                    reason = f"{n} pairs and {self.queries(n)} queries need {need} tokens"
+                    skipped.append(dict(tokens=length, num_pairs=n, reason=reason))
+        return scored, skipped
+
+
+def key_vocabulary(vocab_size: int, tokenizer: Any, options: MqarOptions) -> MqarVocabulary:
+    """The key and value ids of a vocabulary of ``vocab_size`` ids (the tokenizer's special ids left out),
+    refusing a ``first_id`` that leaves none and a pair count they cannot hold."""
+    special = frozenset(getattr(tokenizer, "all_special_ids", None) or ())
+    vocabulary = mqar_vocabulary(vocab_size, options.first_id, special)
+    usable = min(len(vocabulary.keys), len(vocabulary.values))
+    most = max(options.num_pairs)
+    if most > usable:
+        first = int(vocabulary.keys[0]) if len(vocabulary.keys) else options.first_id
+        raise UsageError(
+            f"`num_pairs` {most} needs {most} distinct keys and values; ids from {first} of the model's "
+            f"{vocab_size} (`first_id`) hold {usable}: ask for at most {usable} pairs or lower `first_id`"
+        )
+    return vocabulary
 
 
 def run_mqar(
-    model: nn.Module,
-    tokenizer=None,
-    options: MqarOptions | None = None,
-    *,
-    output_dir=None,
-    progress: bool = True,
-    **settings: Any,
+    model: nn.Module, tokenizer: Any, options: MqarOptions, *, output_dir=None, progress: bool = True
 ) -> dict:
-    """MQAR accuracy for each number of key-value pairs (``options``, or its fields as keywords). Writes
-    mqar.json and mqar.png."""
-    options = with_settings(options, MqarOptions, settings)
-    num_pairs, sequences, batch_size = options.num_pairs, options.sequences, options.batch_size
-    special = frozenset(getattr(tokenizer, "all_special_ids", None) or ())
-    vocabulary = mqar_vocabulary(int(model.config.vocab_size), options.first_id, special)
-    settings_per_count = [MqarSettings(n, options.queries(n), options.length) for n in num_pairs]
-    for settings in settings_per_count:
-        check_context_length(model, settings.tokens, "--num-pairs / --length (tokens per sequence)")
-        try:
-            settings.check(vocabulary)
-        except UsageError as err:
-            raise UsageError(f"--num-pairs {settings.num_pairs} / --length {options.length}: {err}") from err
-    rng = np.random.default_rng(options.seed)
-    rows = []
-    for settings in tqdm(settings_per_count, desc="mqar", unit="setting", disable=not progress):
-        scores, done = [], 0
-        while done < sequences:
-            size = min(batch_size, sequences - done)
-            scores.append(mqar_accuracy(model, make_mqar_batch(rng, size, settings, vocabulary)) * size)
-            done += size
-        rows.append(dict(num_pairs=settings.num_pairs, num_queries=settings.queries, tokens=settings.tokens,
-                         accuracy=sum(scores) / sequences))  # fmt: skip
-    results = dict(task="mqar", sequences=sequences, seed=options.seed, length=options.length, rows=rows)
-    if options.allocation:
-        smallest = MqarSettings(min(num_pairs), options.queries(min(num_pairs)), options.length)
-        batch = make_mqar_batch(
-            np.random.default_rng([options.seed, 1]), options.allocation, smallest, vocabulary
+    """MQAR accuracy for every setting of ``options`` (:meth:`MqarOptions.cells`) and, unless
+    ``options.allocation`` is 0, the attention allocation at every length. Every length and pair count is checked
+    against the model before any scoring. Writes mqar.json and mqar.png with ``output_dir``.
+
+    Returns ``rows`` (per setting scored: ``num_pairs``, ``num_queries``, ``tokens``, ``accuracy``), ``skipped``
+    (the cells of a grid whose length cannot hold their pairs, with the reason) and ``allocation`` (per length:
+    ``tokens``, ``num_pairs``, ``answer``, ``context``; with one length per pair count, the smallest count's)."""
+    vocabulary = key_vocabulary(int(model.config.vocab_size), tokenizer, options)
+    cells, skipped = options.cells()
+    for cell in cells:
+        what = (
+            "`lengths`" if options.lengths is not None else f"`num_pairs` {cell.num_pairs} with its queries"
         )
-        results["allocation"] = dict(num_pairs=smallest.num_pairs, **mqar_allocation(model, batch))
+        check_context_length(model, cell.tokens, what)
+    rows = []
+    for cell in tqdm(cells, desc="mqar", unit="setting", disable=not progress):
+        # Each cell draws from its own generator: its sequences do not depend on which other cells are scored.
+        rng = np.random.default_rng([options.seed, cell.tokens, cell.num_pairs])
+        scores, done = [], 0
+        while done < options.sequences:
+            size = min(options.batch_size, options.sequences - done)
+            scores.append(mqar_accuracy(model, make_mqar_batch(rng, size, cell, vocabulary)) * size)
+            done += size
+        rows.append(dict(num_pairs=cell.num_pairs, num_queries=cell.queries, tokens=cell.tokens,
+                         accuracy=sum(scores) / options.sequences))  # fmt: skip
+    shares = []
+    if options.allocation:
+        for cell in allocation_cells(cells, options.lengths is None):
+            rng = np.random.default_rng([options.seed, 1, cell.tokens, cell.num_pairs])
+            batch = make_mqar_batch(rng, options.allocation, cell, vocabulary)
+            shares.append(dict(tokens=cell.tokens, num_pairs=cell.num_pairs, **mqar_allocation(model, batch)))
+    results = dict(
+        task="mqar", sequences=options.sequences, seed=options.seed, lengths=options.lengths,
+        num_queries=options.num_queries, rows=rows, skipped=skipped, allocation=shares,
+    )  # fmt: skip
     if output_dir is not None:
         write_json(f"{output_dir}/mqar.json", results)
-        plt = pyplot()
+        plot_mqar(results, f"{output_dir}/mqar.png")
+    return results
+
+
+def allocation_cells(cells: list[MqarSettings], per_pair_count: bool) -> list[MqarSettings]:
+    """Where attention is read: the smallest pair count's setting when every pair count has its own length, else
+    at every length the smallest pair count it holds."""
+    if per_pair_count:
+        return [min(cells, key=lambda cell: cell.num_pairs)]
+    smallest: dict[int, MqarSettings] = {}
+    for cell in cells:
+        if cell.tokens not in smallest or cell.num_pairs < smallest[cell.tokens].num_pairs:
+            smallest[cell.tokens] = cell
+    return list(smallest.values())
+
+
+def plot_mqar(results: dict, path) -> None:
+    """Accuracy against pair counts (one length per pair count), or against sequence length (one line per pair
+    count) beside the attention allocation against sequence length (a grid)."""
+    plt = pyplot()
+    rows = results["rows"]
+    if results.get("lengths") is None:
         fig, ax = plt.subplots(figsize=(5, 3.5))
         ax.plot([r["num_pairs"] for r in rows], [r["accuracy"] for r in rows], marker="o")
         ax.set_xscale("log", base=2)
-        ax.set_ylim(-0.02, 1.02)
-        ax.set_xlabel("key-value pairs")
-        ax.set_ylabel("recall accuracy")
-        ax.set_title("multi-query associative recall")
+        ax.set(
+            ylim=UNIT,
+            xlabel="key-value pairs",
+            ylabel="recall accuracy",
+            title="multi-query associative recall",
+        )
         ax.grid(alpha=0.3)
-        save_figure(fig, f"{output_dir}/mqar.png")
-    return results
+        save_figure(fig, path)
+        return
+    panels = 2 if results["allocation"] else 1
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 3.8), squeeze=False)
+    ax = axes[0][0]
+    for pairs in sorted({r["num_pairs"] for r in rows}):
+        cells = [r for r in rows if r["num_pairs"] == pairs]
+        ax.plot(
+            [r["tokens"] for r in cells], [r["accuracy"] for r in cells], marker="o", label=f"{pairs} pairs"
+        )
+    ax.set(
+        ylim=UNIT,
+        xlabel="sequence length (tokens)",
+        ylabel="recall accuracy",
+        title="MQAR accuracy by length",
+    )
+    if panels == 2:
+        shares = results["allocation"]
+        ax2 = axes[0][1]
+        tokens = [e["tokens"] for e in shares]
+        ax2.plot(tokens, [e["answer"] for e in shares], marker="o", label="queried pair")
+        ax2.plot(tokens, [e["context"] for e in shares], marker="s", label="rest of the context")
+        ax2.set(xlabel="sequence length (tokens)", ylabel="share of attention",
+                title=f"attention at recall ({min(e['num_pairs'] for e in shares)}+ pairs)")  # fmt: skip
+    for axis in axes[0]:
+        axis.set_xscale("log", base=2)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    save_figure(fig, path)
 
 
 def fitting_pairs(context_length: int, most: int) -> list[int]:
@@ -157,11 +262,17 @@ def fitting_pairs(context_length: int, most: int) -> list[int]:
 
 # Accuracy at or below this counts as "at chance": associative recall not learned.
 CHANCE_MARGIN = 0.05
+CHANCE = f"accuracy about 0, counted up to {CHANCE_MARGIN}: a value is not guessed"
 # The paper has no MQAR; the claim its rows stand for is key-information retrieval (multi-needle, §3.4).
 PAPER_RETRIEVAL = (
     "no MQAR in the paper; its retrieval claim: multi-needle accuracy 0.84 vs 0.62 (N=4, R=2, 4K context), "
     "DIFF better"
 )
+
+
+def _at(length: str, pairs: str) -> str:
+    """The column of one grid cell."""
+    return f"{length} tokens, {pairs} pairs"
 
 
 class MqarTask(Task):
@@ -173,19 +284,31 @@ class MqarTask(Task):
     reads_text = False
     needs_tokenizer = False
     Options = MqarOptions
-    # In a comparison: every power of two from 4 pairs up to the largest of num_pairs whose sequence fits.
+    # In a comparison: every power of two from 4 pairs up to the largest of num_pairs whose sequence fits, or, with
+    # lengths among the light settings, that grid of lengths by pair counts.
     light = MqarOptions(sequences=64)
 
     def fit(
         self, options: MqarOptions, model: nn.Module, tokenizer: Any, given: frozenset[str]
     ) -> MqarOptions:
         limit = max_context(model)
-        if "num_pairs" in given or limit is None:
+        if "num_pairs" in given or options.lengths is not None or limit is None:
             return options
-        pairs = [n for n in options.num_pairs if options.tokens(n) <= limit]
+        pairs = [n for n in options.num_pairs if MqarSettings(n, options.queries(n)).tokens <= limit]
         return dataclasses.replace(options, num_pairs=pairs) if pairs else options
 
     def light_options(self, light: MqarOptions, suite: SuiteContext) -> MqarOptions:
+        key_vocabulary(
+            len(suite.tokenizer), suite.tokenizer, light
+        )  # the models' vocabulary is the tokenizer's
+        if light.lengths is not None:
+            longest = max(light.lengths)
+            if suite.max_positions is not None and longest > suite.max_positions:
+                raise UsageError(
+                    f"mqar: `lengths` {light.lengths} reach {longest} tokens, beyond the models' "
+                    f"max_position_embeddings = {suite.max_positions}"
+                )
+            return dataclasses.replace(light, seed=suite.seed)
         pairs = fitting_pairs(suite.context_length, max(light.num_pairs))
         if not pairs:
             raise UsageError(
@@ -197,14 +320,37 @@ class MqarTask(Task):
         return run_mqar(model, tokenizer, options, output_dir=output_dir, progress=progress)
 
     def summarise(self, results: dict) -> dict:
-        shares = results.get("allocation") or {}
-        return dict(
-            accuracy={str(r["num_pairs"]): r["accuracy"] for r in results["rows"]},
-            answer_share=shares.get("answer"),
-            context_share=shares.get("context"),
-        )
+        """One length per pair count: ``accuracy`` (pairs -> accuracy) and the smallest count's
+        ``answer_share`` and ``context_share``. A grid: ``by_length`` (length -> pairs -> accuracy, the cells
+        scored) and ``allocation`` (length -> ``num_pairs``, ``answer``, ``context``)."""
+        shares = results.get("allocation") or []
+        if results.get("lengths") is None:
+            first = shares[0] if shares else {}
+            return dict(
+                accuracy={str(r["num_pairs"]): r["accuracy"] for r in results["rows"]},
+                answer_share=first.get("answer"),
+                context_share=first.get("context"),
+            )
+        by_length: dict[str, dict[str, float]] = {}
+        for row in results["rows"]:
+            by_length.setdefault(str(row["tokens"]), {})[str(row["num_pairs"])] = row["accuracy"]
+        allocation = {
+            str(e["tokens"]): dict(num_pairs=e["num_pairs"], answer=e["answer"], context=e["context"])
+            for e in shares
+        }
+        return dict(by_length=by_length, allocation=allocation)
 
     def columns(self, summary: dict) -> list[Column]:
+        if "by_length" in summary:
+            columns = [
+                Column(_at(length, pairs), accuracy, 2)
+                for length, cells in summary["by_length"].items()
+                for pairs, accuracy in cells.items()
+            ]
+            for length, shares in summary["allocation"].items():
+                columns += [Column(f"{length} tokens, on the pair", shares["answer"], 3),
+                            Column(f"{length} tokens, on the rest", shares["context"], 3)]  # fmt: skip
+            return columns
         columns = [Column(f"{pairs} pairs", accuracy, 2) for pairs, accuracy in summary["accuracy"].items()]
         if summary["answer_share"] is not None:
             columns += [Column("attention on the pair", summary["answer_share"], 3),
@@ -212,26 +358,60 @@ class MqarTask(Task):
         return columns
 
     def describe(self, options: dict) -> str:
-        text = (
-            f"Share of queried keys whose value is the model's argmax, {options['sequences']} sequences of random "
-            "vocabulary ids per number of key-value pairs. Higher is better."
-        )
+        if options.get("lengths") is not None:
+            text = (
+                f"Share of queried keys whose value is the model's argmax, {options['sequences']} sequences of random "
+                f"vocabulary ids per cell of sequence lengths {options['lengths']} by key-value pairs "
+                f"{options['num_pairs']}; a cell whose length cannot hold its pairs and queries (4 tokens a pair) is "
+                "left out. Higher is better."
+            )
+            fewest = "the fewest pairs each length holds"
+        else:
+            text = (
+                f"Share of queried keys whose value is the model's argmax, {options['sequences']} sequences of "
+                "random vocabulary ids per number of key-value pairs. Higher is better."
+            )
+            fewest = "the fewest pairs"
         if options.get("allocation"):
             text += (
                 f" Attention from each query to its pair and to the rest of the context before it "
-                f"({options['allocation']} sequences of the fewest pairs, mean over heads and layers; a DIFF map "
+                f"({options['allocation']} sequences of {fewest}, mean over heads and layers; a DIFF map "
                 "counted with its sign, as shares of its absolute mass)."
             )
         return text
 
     def chart(self, summary: dict) -> Chart:
+        if "by_length" in summary:
+            return self._length_chart(summary)
         pairs = list(summary["accuracy"])
         return Chart("lines", "multi-query associative recall",
                      [Panel("recall accuracy", [f"{n} pairs" for n in pairs], UNIT)], xlabel="key-value pairs",
                      xticks=pairs)  # fmt: skip
 
+    @staticmethod
+    def _length_chart(summary: dict) -> Chart:
+        """Accuracy against sequence length, one panel per pair count, and the attention allocation against it."""
+        lengths = list(summary["by_length"])
+        counts = sorted({int(p) for cells in summary["by_length"].values() for p in cells})
+        panels = []
+        for pairs in map(str, counts):
+            held = [length for length in lengths if pairs in summary["by_length"][length]]
+            panels.append(Panel(f"recall accuracy, {pairs} pairs", [_at(length, pairs) for length in held], UNIT,
+                                xticks=held))  # fmt: skip
+        read = list(summary["allocation"])
+        if read:
+            panels += [
+                Panel("attention on the queried pair", [f"{length} tokens, on the pair" for length in read],
+                      xticks=read),
+                Panel("attention on the rest of the context", [f"{length} tokens, on the rest" for length in read],
+                      xticks=read),
+            ]  # fmt: skip
+        return Chart("lines", "multi-query associative recall against sequence length", panels,
+                     xlabel="sequence length (tokens)")  # fmt: skip
+
     def measures(self, summary: dict) -> list[Measure]:
-        chance = f"accuracy about 0, counted up to {CHANCE_MARGIN}: a value is not guessed"
+        if "by_length" in summary:
+            return self._length_measures(summary)
 
         def accuracy(pairs: str):
             return lambda s: s["accuracy"].get(pairs)
@@ -244,12 +424,12 @@ class MqarTask(Task):
 
         measures = [
             Measure(f"MQAR accuracy, {pairs} key-value pairs", accuracy(pairs), True, 2, PAPER_RETRIEVAL,
-                    at_chance=at_chance(pairs), chance=chance)
+                    at_chance=at_chance(pairs), chance=CHANCE)
             for pairs in summary["accuracy"]
         ]  # fmt: skip
         measures.append(
             Measure("MQAR accuracy averaged over pair counts", lambda s: mean(list(s["accuracy"].values())),
-                    True, 2, at_chance=recalls_nothing, chance=chance)
+                    True, 2, at_chance=recalls_nothing, chance=CHANCE)
         )  # fmt: skip
         if summary["answer_share"] is not None:
             # Where neither model recalls, where it looks says nothing about retrieval.
@@ -258,6 +438,54 @@ class MqarTask(Task):
                         PAPER_ANSWER_SHARE, at_chance=recalls_nothing, chance="neither model recalls"),
                 Measure("attention on the rest of the context (MQAR)", lambda s: s["context_share"], False, 3,
                         PAPER_CONTEXT_SHARE, at_chance=recalls_nothing, chance="neither model recalls"),
+            ]  # fmt: skip
+        return measures
+
+    @staticmethod
+    def _length_measures(summary: dict) -> list[Measure]:
+        """Per length: the accuracy averaged over the pair counts it holds and the allocation (claims rows), then
+        every cell's accuracy (verdict sentences)."""
+
+        def averaged(length: str):
+            return lambda s: mean(list(s["by_length"][length].values())) if length in s["by_length"] else None
+
+        def recalls_nothing(length: str):
+            return lambda s: (
+                length in s["by_length"] and mean(list(s["by_length"][length].values())) <= CHANCE_MARGIN
+            )
+
+        def share(length: str, key: str):
+            return lambda s: s["allocation"][length][key] if length in s["allocation"] else None
+
+        def cell(length: str, pairs: str):
+            return lambda s: s["by_length"].get(length, {}).get(pairs)
+
+        def cell_at_chance(length: str, pairs: str):
+            return lambda s: (cell(length, pairs)(s) or 0.0) <= CHANCE_MARGIN
+
+        measures = []
+        for length, cells in summary["by_length"].items():
+            pairs = list(cells)
+            held = pairs[0] if len(pairs) == 1 else f"{pairs[0]}-{pairs[-1]}"
+            measures.append(
+                Measure(f"MQAR accuracy at {length} tokens ({held} key-value pairs, averaged)", averaged(length),
+                        True, 2, PAPER_RETRIEVAL, at_chance=recalls_nothing(length), chance=CHANCE)
+            )  # fmt: skip
+            if length in summary["allocation"]:
+                fewest = summary["allocation"][length]["num_pairs"]
+                measures += [
+                    Measure(f"attention on the queried pair (MQAR, {length} tokens, {fewest} pairs)",
+                            share(length, "answer"), True, 3, PAPER_ANSWER_SHARE, at_chance=recalls_nothing(length),
+                            chance="neither model recalls"),
+                    Measure(f"attention on the rest of the context (MQAR, {length} tokens, {fewest} pairs)",
+                            share(length, "context"), False, 3, PAPER_CONTEXT_SHARE,
+                            at_chance=recalls_nothing(length), chance="neither model recalls"),
+                ]  # fmt: skip
+        for length, cells in summary["by_length"].items():
+            measures += [
+                Measure(f"MQAR accuracy, {pairs} key-value pairs at {length} tokens", cell(length, pairs), True, 2,
+                        at_chance=cell_at_chance(length, pairs), chance=CHANCE)
+                for pairs in cells
             ]  # fmt: skip
         return measures
 

@@ -27,7 +27,7 @@ from difftransformer.data.needles import (
 )
 from difftransformer.errors import UsageError
 from difftransformer.eval.common import capped, check_context_length, max_context, model_device
-from difftransformer.eval.options import at_least, flag, not_empty, option, with_settings
+from difftransformer.eval.options import at_least, not_empty, option, with_settings
 from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.plotting import pyplot, save_figure
 from difftransformer.storage import write_json
@@ -160,13 +160,11 @@ class NeedleOptions:
         parse_needle_configs(",".join(self.needles))  # refuses anything but N:R pairs with 1 <= R <= N
         for depth in self.depths:
             if not 0.0 <= depth <= 1.0:
-                raise UsageError(f"--depths must lie in [0, 1]; got {list(self.depths)}")
+                raise UsageError(f"`depths` must lie in [0, 1]; got {list(self.depths)}")
         for name, fields in (("needle_template", ("{city}", "{number}")), ("question_template", ("{city}",))):
             missing = [f for f in fields if f not in getattr(self, name)]
             if missing:
-                raise UsageError(
-                    f"{flag(name)} must contain {', '.join(missing)}; got {getattr(self, name)!r}"
-                )
+                raise UsageError(f"`{name}` must contain {', '.join(missing)}; got {getattr(self, name)!r}")
 
     @property
     def pairs(self) -> list[tuple[int, int]]:

@@ -2,9 +2,10 @@
 (:func:`difftransformer.flags.add_flags`), its checks (the dataclass's ``__post_init__``), its light settings for a
 comparison (``dataclasses.replace`` of the defaults) and the JSON that compare compares to reuse a result.
 
-A setting is one line, e.g. ``samples: int = option(50, "samples per cell")``: the field name is the keyword of
-the task's ``run_<task>`` function and, with dashes, its flag (``--samples``, :func:`flag`); the help text is the
-field's ``metadata``. ``difftransformer eval`` adds the flags with ``only_given`` (a default left unset is fitted to
+A setting is one line, e.g. ``samples: int = option(50, "samples per cell")``: the field name is the options'
+keyword and, with dashes, its flag (``--samples``, :func:`difftransformer.flags.flag`); the help text is the field's
+``metadata``. A refusal names the field in backticks (``"`samples` must be >= 1; got 0"``), which the command layer
+writes as its flag. ``difftransformer eval`` adds the flags with ``only_given`` (a default left unset is fitted to
 the model) and ``list_items``: a list-valued field takes its values space- or comma-separated (``--depths 0 0.5`` or
 ``--depths 0,0.5``), and a repeated flag adds to them.
 """
@@ -16,7 +17,6 @@ import json
 from typing import Any, TypeVar
 
 from difftransformer.errors import UsageError
-from difftransformer.flags import flag
 
 T = TypeVar("T")
 
@@ -36,14 +36,15 @@ def at_least(options: Any, minimum: float, *names: str) -> None:
         values = value if isinstance(value, (list, tuple)) else [value]
         for item in values:
             if item is not None and item < minimum:
-                raise UsageError(f"{flag(name)} must be >= {minimum}; got {value}")
+                raise UsageError(f"`{name}` must be >= {minimum}; got {value}")
 
 
 def not_empty(options: Any, *names: str) -> None:
-    """Refuse an empty list field."""
+    """Refuse an empty list field (None, an unset optional list, passes)."""
     for name in names:
-        if len(getattr(options, name)) == 0:
-            raise UsageError(f"{flag(name)} must hold at least one value; got none")
+        value = getattr(options, name)
+        if value is not None and len(value) == 0:
+            raise UsageError(f"`{name}` must hold at least one value; got none")
 
 
 def with_settings(options: T | None, defaults: type[T], settings: dict[str, Any]) -> T:

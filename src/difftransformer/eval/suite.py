@@ -33,9 +33,12 @@ class SuiteSettings:
         needle_digits: digits of the magic numbers.
         needles: the N:R configurations of needle and of quant's needle check.
         seed: every task's draws (the same samples for every model).
+        max_positions: the models' max_position_embeddings when known before they are trained (None: unknown); a
+            length a task's light settings ask for beyond it is refused before any training.
         light: per task, overrides of its light settings (fields of its options dataclass, e.g.
-            ``{"needle": {"samples": 1}}``, checked by it); every other setting keeps the task's default (its
-            ``light`` attribute); docs/performance.md says what the defaults cost.
+            ``{"needle": {"samples": 1}}``, checked by it; ``{"mqar": {"lengths": [64, 256, 1024], "num_pairs": [4,
+            16, 64]}}`` scores MQAR on that grid of lengths by pair counts); every other setting keeps the task's
+            default (its ``light`` attribute); docs/performance.md says what the defaults cost.
     """
 
     tasks: tuple[str, ...] = TASKS
@@ -43,6 +46,7 @@ class SuiteSettings:
     needle_digits: int = 6
     needles: tuple[tuple[int, int], ...] = ((1, 1), (2, 2), (4, 2))
     seed: int = 1234
+    max_positions: int | None = None
     light: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -52,9 +56,10 @@ class SuiteSettings:
             raise UsageError(
                 f"SuiteSettings.light names unknown tasks {unknown}; the tasks are {', '.join(TASKS)}"
             )
-        for name in ("context_length", "needle_digits"):
-            if getattr(self, name) < 1:
-                raise UsageError(f"SuiteSettings.{name} must be >= 1; got {getattr(self, name)}")
+        for name in ("context_length", "needle_digits", "max_positions"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UsageError(f"SuiteSettings.{name} must be >= 1; got {value}")
         for task in self.tasks:
             self.light_settings(task)  # the task's options dataclass checks the overrides
 
@@ -83,6 +88,7 @@ def suite_options(
         seed=settings.seed,
         tokenizer=tokenizer,
         held_out_tokens=held_out_tokens(tokenizer, texts),
+        max_positions=settings.max_positions,
     )
     options = {}
     for name in settings.tasks:

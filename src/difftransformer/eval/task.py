@@ -64,11 +64,13 @@ class Measure(NamedTuple):
 @dataclass(frozen=True)
 class Panel:
     """One panel of a comparison chart: the y label, the table columns (headers of :meth:`Task.columns`) along
-    x, and the y limits (None: automatic)."""
+    x, the y limits (None: automatic) and, in a ``"lines"`` chart whose panels have different columns, this
+    panel's x labels (None: the chart's)."""
 
     ylabel: str
     columns: Sequence[str]
     ylim: tuple[float, float] | None = None
+    xticks: Sequence[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,8 @@ class SuiteContext:
         seed: every task's draws (the same samples for every model).
         tokenizer: the models' tokenizer (to size prompts).
         held_out_tokens: tokens of held-out text available (see :func:`difftransformer.eval.common.token_stream`).
+        max_positions: the longest sequence the models will take (their max_position_embeddings), when known
+            before they exist (None: unknown; a task then refuses a longer length when it runs).
     """
 
     context_length: int
@@ -107,6 +111,7 @@ class SuiteContext:
     seed: int
     tokenizer: Any
     held_out_tokens: int
+    max_positions: int | None = None
 
     def windows(self, wanted: int) -> int:
         """``wanted`` held-out windows of ``context_length``, or as many as the text holds (a small test split gets

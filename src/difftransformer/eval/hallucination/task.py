@@ -47,7 +47,7 @@ from difftransformer.eval.hallucination.summaries import (
     load_documents,
     pick_documents,
 )
-from difftransformer.eval.options import at_least, flag, option, with_settings
+from difftransformer.eval.options import at_least, option, with_settings
 from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.plotting import pyplot, save_figure
 from difftransformer.storage import write_json
@@ -113,9 +113,7 @@ class HallucinationOptions:
         ):
             missing = [f for f in fields if f not in getattr(self, name)]
             if missing:
-                raise UsageError(
-                    f"{flag(name)} must contain {', '.join(missing)}; got {getattr(self, name)!r}"
-                )
+                raise UsageError(f"`{name}` must contain {', '.join(missing)}; got {getattr(self, name)!r}")
         check_judge_spec(self.judge)
         files = [d for d in self.documents if d not in ("bbc_news", "held_out")]
         if (
