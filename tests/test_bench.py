@@ -22,7 +22,7 @@ from difftransformer.bench.workloads import (
 from difftransformer.errors import UsageError
 from difftransformer.storage import write_json
 
-TINY = BenchShape(d_model=32, layers=1, diff_heads=2, vocab=64, batch=2)
+TINY = BenchShape(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=64, batch=2)
 
 
 def test_interleaved_steps_takes_turns_step_by_step_and_drops_warmup():
@@ -119,7 +119,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def test_bench_command_end_to_end(tmp_path, capsys):
     out = tmp_path / "bench.json"
     args = parse(
-        "--d-model 32 --layers 1 --heads 2 --vocab 64 --batch 2 --op-lengths 24 --op-batch 1 "
+        "--hidden-size 32 --num-hidden-layers 1 --num-attention-heads 2 --vocab-size 64 --batch 2 --op-lengths 24 "
+        "--op-batch 1 "
         f"--train-lengths 24 --decode-batches 1 2 --prompt-len 8 --new-tokens 4 --warmup 0 --output {out}".split()
     )
     assert cli.run(args) == 0
@@ -132,7 +133,7 @@ def test_bench_command_end_to_end(tmp_path, capsys):
 
 
 def test_bench_command_refuses_bad_options():
-    with pytest.raises(UsageError, match="repeats must be at least 5"):
+    with pytest.raises(UsageError, match=r"`repeats` must lie in \[5, 1000\]"):
         cli.run(parse(["--repeats", "3"]))
     if not torch.cuda.is_available():
         with pytest.raises(UsageError, match="CUDA is not available"):

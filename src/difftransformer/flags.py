@@ -34,8 +34,10 @@ from transformers.hf_argparser import string_to_bool
 
 __all__ = ["add_flags", "flag", "flag_spellings", "given"]
 
-# Our own keys of a field's ``metadata`` (HfArgumentParser hands every other key to ``add_argument``).
+# Our own keys of a field's ``metadata`` (HfArgumentParser hands every other key to ``add_argument``): a function
+# reading one command-line word, and one writing the default as the help shows it.
 PARSE = "parse"
+SHOW = "show"
 
 
 def flag(name: str) -> str:
@@ -75,6 +77,33 @@ def _items(kind: Callable[[str], Any]) -> Callable[[str], list]:
 
     parse.__name__ = getattr(kind, "__name__", "value")  # argparse names the type in its "invalid" message
     return parse
+
+
+def _choice(choices: tuple) -> Callable[[str], Any]:
+    """An argparse type accepting one of ``choices`` (the values of a ``Literal``), for each item of a list flag
+    (argparse's own ``choices`` would compare the whole list of a comma-separated word)."""
+
+    def read(text: str) -> Any:
+        for choice in choices:
+            if text == str(choice):
+                return choice
+        raise argparse.ArgumentTypeError(
+            f"invalid choice {text!r} (choose from {', '.join(map(str, choices))})"
+        )
+
+    return read
+
+
+def _list_choices(hint: Any) -> tuple | None:
+    """The choices of a list (or tuple) field of ``Literal`` values, or None."""
+    listed = _as_list(hint)
+    args = typing.get_args(listed)
+    if type(None) in args:
+        listed = next(arg for arg in args if arg is not type(None))
+    if typing.get_origin(listed) is not list:
+        return None
+    (element,) = typing.get_args(listed)
+    return typing.get_args(element) if typing.get_origin(element) is typing.Literal else None
 
 
 def _word(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -132,7 +161,7 @@ def _flag_fields(dataclass_type: type, exclude: Collection[str]) -> type:
     for f in dataclasses.fields(dataclass_type):
         if not f.init or f.name in exclude:
             continue
-        metadata = {key: value for key, value in f.metadata.items() if key != PARSE}
+        metadata = {key: value for key, value in f.metadata.items() if key not in (PARSE, SHOW)}
         spec = dataclasses.field(default=f.default, default_factory=f.default_factory, metadata=metadata)
         fields.append((f.name, _as_list(hints[f.name]), spec))
     flagged = dataclasses.make_dataclass(dataclass_type.__name__, fields, kw_only=True)
@@ -153,7 +182,9 @@ def add_flags(
     """Add one flag per field of ``dataclass_type`` to ``parser`` (a parser or an argument group), as transformers'
     ``HfArgumentParser`` derives them, in one argument group per dataclass. An optional boolean (``--bf16``) may
     be given bare, meaning true. A field whose metadata holds ``"parse"`` (a function of one command-line word)
-    reads its words with it; for a list or tuple field it returns the list of values one word gives.
+    reads its words with it; for a list or tuple field it returns the list of values one word gives. With
+    ``only_given``, the help shows each default that is not None, written by the field's ``"show"`` function
+    when it has one (a None default is the help's to explain).
 
     Args:
         parser: where the flags go.
@@ -168,18 +199,28 @@ def add_flags(
     """
     defaults = _field_defaults(dataclass_type) if only_given else {}
     parsers = {f.name: f.metadata[PARSE] for f in dataclasses.fields(dataclass_type) if PARSE in f.metadata}
+    shows = {f.name: f.metadata[SHOW] for f in dataclasses.fields(dataclass_type) if SHOW in f.metadata}
+    hints = typing.get_type_hints(dataclass_type)
+    choices = {name: found for name, hint in hints.items() if (found := _list_choices(hint))}
     source = HfArgumentParser(_flag_fields(dataclass_type, exclude), add_help=False)
     for action in source._actions:
         if action.type is string_to_bool and action.nargs is None:
             action.nargs, action.const = "?", True
         if only_given:
-            if action.dest in defaults and not action.option_strings[0].startswith("--no"):
-                action.help = f"{action.help or ''} (default: {_shown(defaults[action.dest])})".strip()
+            default = defaults.get(action.dest)
+            if default is not None and not action.option_strings[0].startswith("--no"):
+                shown = shows.get(action.dest, _shown)(default)
+                action.help = f"{action.help or ''} (default: {shown})".strip()
             action.default = argparse.SUPPRESS
         elif action.dest in preset_fields:
             action.default = argparse.SUPPRESS
             action.help = f"{action.help or ''} (default: the preset's)".strip()
         action.type = _BOUNDED_TYPES.get(action.type, action.type)
+        if action.dest in choices:
+            action.type, action.metavar = (
+                _choice(choices[action.dest]),
+                "{" + ",".join(choices[action.dest]) + "}",
+            )
         if action.dest in parsers:
             action.type = _word(parsers[action.dest])
         if action.nargs == "+" and (list_items or action.dest in parsers):

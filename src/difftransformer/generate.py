@@ -1,80 +1,129 @@
 """Continue a prompt with a trained model folder, greedy or sampled (``difftransformer generate`` is
-:mod:`difftransformer.generate_cli`)."""
+:mod:`difftransformer.generate_cli`).
+
+:class:`GenerationSettings` declares the options once (their flags are generated from its fields) and checks them
+when made. :func:`load_for_generation` reads a folder's config and tokenizer before its weights, so that
+:func:`check_context` refuses a prompt and a length the model cannot take before the weights are read.
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
-    AutoTokenizer,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     set_seed,
 )
 
 import difftransformer  # noqa: F401  (registers the "difftransformer" model type with the Auto classes)
-from difftransformer.errors import MissingInputError, UsageError
+from difftransformer.convert.folders import load_folder
+from difftransformer.data.tokenizer import load_tokenizer
+from difftransformer.errors import UsageError, check_seed
+from difftransformer.storage import check_input_dir
 
 
-def check_sampling(
-    *,
-    max_new_tokens: int = 100,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-) -> None:
-    """Refuse sampling settings :func:`generate_text` cannot use (a UsageError naming the flag)."""
-    if max_new_tokens < 1:
-        raise UsageError(f"`max_new_tokens` must be >= 1; got {max_new_tokens}")
-    if temperature < 0:
-        raise UsageError(f"`temperature` must be >= 0; got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise UsageError(f"`top_k` must be >= 1; got {top_k}")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise UsageError(f"`top_p` must be in (0, 1]; got {top_p}")
+@dataclass(frozen=True)
+class GenerationSettings:
+    """How a prompt is continued: greedy at ``temperature`` 0, else sampled (optionally among the ``top_k`` most
+    likely tokens or the ``top_p`` nucleus) from ``seed``. Each field is a ``generate`` flag."""
+
+    _argument_group_name = "generation"
+
+    prompt: str | None = field(
+        default=None, metadata={"help": "text to continue (unset: read standard input)"}
+    )
+    max_new_tokens: int = field(
+        default=100,
+        metadata={"help": "tokens to generate; prompt and continuation must fit the model's context"},
+    )
+    temperature: float = field(default=0.0, metadata={"help": "sampling temperature; 0 decodes greedily"})
+    top_k: int | None = field(default=None, metadata={"help": "sample only among the k most likely tokens"})
+    top_p: float | None = field(
+        default=None, metadata={"help": "sample from the smallest set of tokens with this much probability"}
+    )
+    seed: int = field(default=0, metadata={"help": "seed for sampling"})
+    tokenizer: str | None = field(
+        default=None,
+        metadata={"help": "tokenizer folder, when the model folder has none (e.g. a checkpoint-N folder)"},
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise UsageError(f"`max_new_tokens` must be >= 1; got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise UsageError(f"`temperature` must be >= 0; got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise UsageError(f"`top_k` must be >= 1; got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise UsageError(f"`top_p` must be in (0, 1]; got {self.top_p}")
+        check_seed(self.seed)
 
 
 def load_for_generation(
     model_dir: str | os.PathLike, tokenizer_dir: str | os.PathLike | None = None
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The model of a trained run folder (or checkpoint-N folder), in eval mode, and its tokenizer (from
-    ``tokenizer_dir`` when given: a checkpoint-N folder has none). A folder without config.json is refused
-    (:class:`~difftransformer.errors.MissingInputError`) before anything is loaded."""
+) -> tuple[PretrainedConfig, PreTrainedTokenizerBase]:
+    """The config of a trained run folder (or checkpoint-N folder) and its tokenizer (from ``tokenizer_dir`` when
+    given: a checkpoint-N folder has none), without reading the weights (:func:`load_model`). A folder without
+    config.json, or whose config or tokenizer cannot be read, is refused in one line."""
+    check_input_dir(model_dir, "model", "a trained model (config.json, weights, tokenizer)")
     if not (Path(model_dir) / "config.json").is_file():
-        raise MissingInputError(
-            f"model must be a folder with config.json (a trained run); got {str(model_dir)!r}"
+        raise UsageError(f"`model` must be a folder with config.json (a trained run); got {str(model_dir)!r}")
+    if tokenizer_dir is not None:
+        check_input_dir(tokenizer_dir, "tokenizer", "a saved tokenizer")
+    config = load_folder(AutoConfig.from_pretrained, model_dir, local_files_only=True)
+    return config, load_tokenizer(tokenizer_dir or model_dir, field="tokenizer" if tokenizer_dir else "model")
+
+
+def load_model(model_dir: str | os.PathLike) -> PreTrainedModel:
+    """The model of a trained folder, in eval mode; damaged weights (missing, truncated) are refused in one line."""
+    return load_folder(AutoModelForCausalLM.from_pretrained, model_dir, local_files_only=True).eval()
+
+
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> torch.Tensor:
+    """The prompt's token ids, (1, T); an empty prompt starts from the EOS token."""
+    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    return ids if ids.shape[1] else torch.tensor([[tokenizer.eos_token_id]])
+
+
+def check_context(config: PretrainedConfig, prompt_tokens: int, settings: GenerationSettings) -> None:
+    """Refuse a prompt and continuation longer than the model's ``max_position_embeddings`` (as ``eval`` refuses
+    lengths beyond the context): positions past it were never trained, and our models refuse them."""
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit and prompt_tokens + settings.max_new_tokens > limit:
+        raise UsageError(
+            f"the prompt ({prompt_tokens} tokens) and `max_new_tokens` {settings.max_new_tokens} exceed the model's "
+            f"max_position_embeddings = {limit}; shorten the prompt or lower `max_new_tokens` to at most "
+            f"{max(limit - prompt_tokens, 0)}"
         )
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).eval()
-    return model, tokenizer
 
 
 def generate_text(
-    model,
-    tokenizer,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
     prompt: str,
-    *,
-    max_new_tokens: int = 100,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int = 0,
+    settings: GenerationSettings | None = None,
 ) -> str:
-    """The prompt's continuation (without the prompt): greedy at ``temperature`` 0, else sampled (optionally among
-    the ``top_k`` most likely tokens or the ``top_p`` nucleus) from ``seed``; bad settings are refused
-    (:func:`check_sampling`)."""
-    check_sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
-    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
-    if ids.shape[1] == 0:
-        ids = torch.tensor([[tokenizer.eos_token_id]])
-    sample = temperature > 0
-    options = dict(do_sample=sample, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.eos_token_id)
+    """The prompt's continuation (without the prompt) under ``settings`` (default: 100 greedy tokens); a prompt
+    and length beyond the model's context are refused (:func:`check_context`)."""
+    settings = settings or GenerationSettings()
+    ids = prompt_ids(tokenizer, prompt)
+    check_context(model.config, ids.shape[1], settings)
+    sample = settings.temperature > 0
+    options = dict(
+        do_sample=sample, max_new_tokens=settings.max_new_tokens, pad_token_id=tokenizer.eos_token_id
+    )
     if sample:
-        options.update(temperature=temperature, top_k=top_k or 0, top_p=top_p or 1.0)
-    set_seed(seed)
+        options.update(
+            temperature=settings.temperature, top_k=settings.top_k or 0, top_p=settings.top_p or 1.0
+        )
+    set_seed(settings.seed)
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), **options)
     return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)

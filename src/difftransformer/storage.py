@@ -67,6 +67,10 @@ def check_output_file(path: str | os.PathLike, field: str) -> Path:
     path = Path(path).expanduser()
     if path.is_dir():
         raise UsageError(f"`{field}` must be a file; {str(path)!r} is a folder")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise UsageError(
+            f"`{field}` {str(path)!r} cannot be created: {str(path.parent)!r} is a file, not a folder"
+        )
     check_output_dir(path.parent, field)
     return path
 

@@ -22,25 +22,26 @@ from difftransformer.ops import diff_attention
 
 @dataclasses.dataclass(frozen=True)
 class BenchShape:
-    """The benchmark's model: DIFF with ``diff_heads`` heads = a baseline with twice as many."""
+    """The benchmark's model, in the config's names: DIFF with ``num_attention_heads`` heads = a baseline with
+    twice as many; ``batch`` rows per train step."""
 
-    d_model: int = 256
-    layers: int = 4
-    diff_heads: int = 4
-    vocab: int = 4096
+    hidden_size: int = 256
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    vocab_size: int = 4096
     batch: int = 4
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // (2 * self.diff_heads)
+        return self.hidden_size // (2 * self.num_attention_heads)
 
 
 def diff_config(shape: BenchShape, max_len: int) -> DiffTransformerConfig:
     return DiffTransformerConfig(
-        vocab_size=shape.vocab,
-        hidden_size=shape.d_model,
-        num_hidden_layers=shape.layers,
-        num_attention_heads=shape.diff_heads,
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
         max_position_embeddings=max_len,
         pad_token_id=0,
         bos_token_id=1,
@@ -67,7 +68,7 @@ def build_models(
 
 def random_ids(shape: BenchShape, length: int, device: torch.device, seed: int, batch: int | None = None):
     gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, shape.vocab, (shape.batch if batch is None else batch, length), generator=gen)
+    ids = torch.randint(3, shape.vocab_size, (shape.batch if batch is None else batch, length), generator=gen)
     return ids.to(device)
 
 
@@ -86,15 +87,15 @@ def op_contenders(
     """Causal attention forward + backward: the baseline's SDPA over 2h heads of width d, and DIFF per backend
     over h heads of width 2d (the layouts each model feeds its operator)."""
     gen = torch.Generator().manual_seed(seed)
-    maps, d = 2 * shape.diff_heads, shape.head_dim
+    maps, d = 2 * shape.num_attention_heads, shape.head_dim
 
     def leaf(*size: int) -> torch.Tensor:
         return torch.randn(*size, generator=gen).to(device=device, dtype=dtype).requires_grad_()
 
     base_qkv = [leaf(batch, maps, length, d) for _ in range(3)]
     base_grad = torch.randn(batch, maps, length, d, generator=gen).to(device=device, dtype=dtype)
-    diff_qkv = [leaf(batch, shape.diff_heads, length, 2 * d) for _ in range(3)]
-    diff_grad = torch.randn(batch, shape.diff_heads, length, 2 * d, generator=gen).to(
+    diff_qkv = [leaf(batch, shape.num_attention_heads, length, 2 * d) for _ in range(3)]
+    diff_grad = torch.randn(batch, shape.num_attention_heads, length, 2 * d, generator=gen).to(
         device=device, dtype=dtype
     )
     lam = torch.tensor(0.5, device=device, requires_grad=True)

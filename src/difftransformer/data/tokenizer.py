@@ -57,18 +57,30 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> PreTrainedT
     )
 
 
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    """Load a saved tokenizer folder (ours, or any transformers tokenizer with an EOS token); never the hub."""
+# The files a saved transformers tokenizer is read from (one of them suffices).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def load_tokenizer(path: str | Path, field: str = "tokenizer") -> PreTrainedTokenizerBase:
+    """Load a saved tokenizer folder (ours, or any transformers tokenizer with an EOS token); never the hub. A
+    folder that holds no tokenizer, or one transformers cannot read, is refused in one line naming ``field`` (the
+    option the folder came in)."""
     path = Path(path).expanduser()
     if not path.is_dir():
-        raise MissingInputError(f"`tokenizer`: {str(path)!r} is not a folder holding a saved tokenizer")
+        raise MissingInputError(f"`{field}`: {str(path)!r} is not a folder holding a saved tokenizer")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise UsageError(
+            f"`{field}`: {str(path)!r} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save one there "
+            "with tokenizer.save_pretrained, or name a tokenizer folder"
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as err:
-        raise UsageError(f"`tokenizer`: cannot load a tokenizer from {path}: {err}") from err
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UsageError(f"`{field}`: cannot load a tokenizer from {path}: {first_line}") from err
     if tokenizer.eos_token_id is None:
         raise UsageError(
-            f"`tokenizer`: {path} defines no EOS token, which separates documents in packed blocks"
+            f"`{field}`: {path} defines no EOS token, which separates documents in packed blocks"
         )
     return tokenizer
 

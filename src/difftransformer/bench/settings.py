@@ -1,0 +1,150 @@
+"""What `difftransformer bench` measures and how, declared once: :class:`BenchSettings`, whose fields are the
+command's flags (:mod:`difftransformer.flags`) and whose values are checked when it is made, before anything is
+built or timed. The model options carry the names ``train`` and the model config use (``hidden_size``,
+``num_hidden_layers``, ``num_attention_heads``, ``vocab_size``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from difftransformer.bench.workloads import BenchShape
+from difftransformer.errors import UsageError, check_seed
+from difftransformer.ops import BACKENDS
+
+SECTIONS = ("op", "train", "decode", "memory")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+OP_BACKENDS = tuple(
+    b for b in BACKENDS if b != "reference"
+)  # the float64-exact reference is too slow to time
+# What --quick sets: op at 512 and 2048 tokens with batch 1, train at 512, decode batch 1 with 32 tokens.
+QUICK = dict(
+    op_lengths=(512, 2048), op_batch=1, train_lengths=(512,), decode_batches=(1,), new_tokens=32, warmup=1
+)
+# The longest sequence and the largest batch bench builds: beyond these a tensor's element count leaves the
+# int32 indexing of CPU kernels long before any machine has the memory.
+MAX_LENGTH = 2**20
+MAX_BATCH = 2**16
+
+
+def _help(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """One benchmark run; each field is a ``bench`` flag."""
+
+    _argument_group_name = "benchmark"
+
+    device: str = field(default="cpu", metadata=_help("torch device to run on: cpu or cuda[:N]"))
+    dtype: Literal[tuple(DTYPES)] = field(default="float32", metadata=_help("model and operator dtype"))
+    sections: tuple[Literal[SECTIONS], ...] = field(default=SECTIONS, metadata=_help("what to measure"))
+    op_lengths: tuple[int, ...] = field(
+        default=(512, 2048, 8192), metadata=_help("sequence lengths of the op section")
+    )
+    op_batch: int = field(default=4, metadata=_help("batch size of the op section"))
+    op_backends: tuple[Literal[OP_BACKENDS], ...] = field(
+        default=("auto", "blocked", "sdpa"),
+        metadata=_help(
+            "DIFF backends timed in the op section (the float64-exact reference is left out: it is slow)"
+        ),
+    )
+    train_lengths: tuple[int, ...] = field(default=(512, 2048), metadata=_help("train-step lengths"))
+    decode_batches: tuple[int, ...] = field(default=(1, 8), metadata=_help("decode batch sizes"))
+    prompt_len: int = field(default=512, metadata=_help("decode prompt length"))
+    new_tokens: int = field(
+        default=128,
+        metadata=_help("tokens generated per decode run (the first from the prompt, the rest timed)"),
+    )
+    hidden_size: int = field(default=256, metadata=_help("model width (d_model)"))
+    num_hidden_layers: int = field(default=4, metadata=_help("model depth"))
+    num_attention_heads: int = field(
+        default=4,
+        metadata=_help("DIFF heads (the baseline gets twice as many), as train's models count them"),
+    )
+    vocab_size: int = field(default=4096, metadata=_help("vocabulary size"))
+    batch: int = field(default=4, metadata=_help("train-step batch size"))
+    repeats: int = field(default=5, metadata=_help("timed rounds per measurement (their median; at least 5)"))
+    warmup: int = field(default=2, metadata=_help("untimed calls per contender before timing"))
+    seed: int = field(default=0, metadata=_help("seed of the shared init and inputs"))
+    threads: int | None = field(
+        default=None, metadata=_help("torch.set_num_threads, at most the CPU count (unset: torch's)")
+    )
+    quick: bool = field(
+        default=False,
+        metadata=_help("a fast run: op at 512 and 2048 tokens with batch 1, train at 512, decode batch 1 with 32 "
+                       "tokens (the defaults of those options; any of them given wins)"),
+    )  # fmt: skip
+    check: bool = field(
+        default=False,
+        metadata=_help("first check every backend against the float64 reference (forward and backward); exit 1 on "
+                       "a miss"),
+    )  # fmt: skip
+    check_only: bool = field(default=False, metadata=_help("run the check and stop"))
+    output: str = field(
+        default="bench_results.json", metadata=_help("JSON results file (a PNG goes beside it)")
+    )
+
+    def __post_init__(self) -> None:
+        if self.quick:  # --quick sets the defaults of its options; an option given beside it wins
+            for name, value in QUICK.items():
+                if getattr(self, name) == BenchSettings.__dataclass_fields__[name].default:
+                    object.__setattr__(self, name, value)
+        for name in ("sections", "op_backends", "op_lengths", "train_lengths", "decode_batches"):
+            if not getattr(self, name):
+                raise UsageError(f"`{name}` must list at least one value; got none")
+        for name in ("op_lengths", "train_lengths"):
+            values = getattr(self, name)
+            if any(not 1 <= value <= MAX_LENGTH for value in values):
+                raise UsageError(f"`{name}` must lie in [1, {MAX_LENGTH}]; got {list(values)}")
+        if any(not 1 <= value <= MAX_BATCH for value in self.decode_batches):
+            raise UsageError(
+                f"`decode_batches` must lie in [1, {MAX_BATCH}]; got {list(self.decode_batches)}"
+            )
+        for name, lowest, highest in (("op_batch", 1, MAX_BATCH), ("batch", 1, MAX_BATCH),
+                                      ("prompt_len", 1, MAX_LENGTH), ("new_tokens", 2, MAX_LENGTH),
+                                      ("num_hidden_layers", 1, 1024), ("vocab_size", 4, 2**24),
+                                      ("warmup", 0, 1000), ("repeats", 5, 1000)):  # fmt: skip
+            value = getattr(self, name)
+            if not lowest <= value <= highest:
+                why = {"repeats": " (a median of at least 5 rounds)", "new_tokens": " (the first comes from the "
+                       "prompt, the rest are timed)"}.get(name, "")  # fmt: skip
+                raise UsageError(f"`{name}` must lie in [{lowest}, {highest}]{why}; got {value}")
+        if not 1 <= self.num_attention_heads <= self.hidden_size // 2 or self.hidden_size % (
+            2 * self.num_attention_heads
+        ):
+            raise UsageError(
+                f"`hidden_size` ({self.hidden_size}) must be a positive multiple of 2 x `num_attention_heads` "
+                f"({self.num_attention_heads})"
+            )
+        if self.threads is not None and not 1 <= self.threads <= (os.cpu_count() or 1):
+            raise UsageError(
+                f"`threads` must lie in [1, {os.cpu_count()}] (the CPU count); got {self.threads}"
+            )
+        check_seed(self.seed)
+        try:
+            device = torch.device(self.device)
+        except RuntimeError as err:
+            raise UsageError(
+                f"`device` must name a torch device such as cpu or cuda; got {self.device!r}"
+            ) from err
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise UsageError(
+                f"`device` {self.device}: CUDA is not available on this machine (torch {torch.__version__})"
+            )
+
+    @property
+    def shape(self) -> BenchShape:
+        """The benchmarked model's shape."""
+        return BenchShape(
+            self.hidden_size, self.num_hidden_layers, self.num_attention_heads, self.vocab_size, self.batch
+        )
+
+    def to_json(self) -> dict:
+        """The settings as JSON data, as the results file records them."""
+        return dataclasses.asdict(self)
