@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from difftransformer import DiffTransformerConfig
 from difftransformer.layers import (
     DiffAttention,
     DiffAttentionV2,
@@ -16,6 +17,11 @@ from difftransformer.layers import (
     depth_lambda_init,
     interleaved_to_half_permutation,
 )
+
+
+def layer_config(**fields) -> DiffTransformerConfig:
+    """A configuration for one attention module used on its own (d_model 64)."""
+    return DiffTransformerConfig(hidden_size=64, vocab_size=97, num_hidden_layers=4, **fields)
 
 
 @pytest.mark.parametrize("style", ["interleaved", "half"])
@@ -126,7 +132,9 @@ def test_rms_norm_in_bfloat16_normalises_in_float32_then_casts():
 
 def test_diff_attention_module_standalone_with_padding_mask():
     torch.manual_seed(0)
-    attn = DiffAttention(64, num_heads=2, num_kv_heads=1, layer_idx=3, subln="plain").double()
+    attn = DiffAttention(
+        layer_config(num_attention_heads=2, num_key_value_heads=1, subln="plain"), 3
+    ).double()
     assert attn.lambda_init == pytest.approx(depth_lambda_init(3))
     x = torch.randn(2, 6, 64, dtype=torch.float64)
     cos, sin = RotaryEmbedding(dim=attn.map_head_dim)(x, torch.arange(6)[None].expand(2, -1))
@@ -143,7 +151,9 @@ def test_diff_attention_module_standalone_with_padding_mask():
 
 def test_diff_v2_component_maps_combine_with_a_per_token_sigmoid_lambda():
     torch.manual_seed(1)
-    attn = DiffAttentionV2(64, num_heads=4, num_kv_heads=2, layer_idx=0).double()
+    attn = DiffAttentionV2(
+        layer_config(attention="diff_v2", num_attention_heads=4, num_key_value_heads=2), 0
+    ).double()
     x = torch.randn(2, 5, 64, dtype=torch.float64)
     cos, sin = RotaryEmbedding(dim=attn.head_dim)(x, torch.arange(5)[None].expand(2, -1))
     out, (combined, first, second) = attn(x, (cos, sin), output_component_maps=True)
@@ -155,10 +165,10 @@ def test_diff_v2_component_maps_combine_with_a_per_token_sigmoid_lambda():
 
 
 def test_inference_lambda_follows_the_weights():
-    """Without grad the layer remembers lambda; an in-place update or a train/eval switch (optimizers may write
-    through .data, which bumps no version) must make it recompute, never serve a stale value."""
+    """Without grad the layer computes lambda in the C++ kernel at every call: an in-place update, even one through
+    .data (which bumps no version), is used at once, as on the autograd path."""
     torch.manual_seed(1)
-    attn = DiffAttention(64, num_heads=2, num_kv_heads=2, layer_idx=1).eval()
+    attn = DiffAttention(layer_config(num_attention_heads=2, num_key_value_heads=2), 1).eval()
     x = torch.randn(1, 5, 64)
     cos, sin = RotaryEmbedding(dim=attn.map_head_dim)(x, torch.arange(5)[None])
 
@@ -168,15 +178,12 @@ def test_inference_lambda_follows_the_weights():
 
     before = run()
     with torch.no_grad():
-        attn.lambda_vectors.q1.add_(0.5)  # bumps the version counter
+        attn.lambda_vectors.q1.add_(0.5)
     after_update = run()
     assert not torch.allclose(before, after_update)
-    with torch.enable_grad():
-        torch.testing.assert_close(after_update, attn(x, (cos, sin))[0].detach())
-    attn.lambda_vectors.k1.data.mul_(-1.0)  # no version bump: only the train/eval switch can tell
-    attn.train().eval()
-    with torch.enable_grad():
-        torch.testing.assert_close(run(), attn(x, (cos, sin))[0].detach())
+    torch.testing.assert_close(after_update, attn(x, (cos, sin))[0].detach())
+    attn.lambda_vectors.k1.data.mul_(-1.0)
+    torch.testing.assert_close(run(), attn(x, (cos, sin))[0].detach())
 
 
 @pytest.mark.parametrize("style", ["interleaved", "half"])
@@ -190,20 +197,19 @@ def test_rotary_keeps_the_input_dtype_with_wider_tables(style):
 
 
 @pytest.mark.parametrize("queries", [1, 5])
-def test_a_hook_on_the_per_head_norm_sees_its_call_and_changes_nothing(queries):
-    """A forward hook on the norm (accelerate's offload loads the gain in one) makes the layer call the module instead
-    of handing its gain to the kernel, which fuses it in the decode step: the same output, the hook called."""
+def test_hooks_on_the_norm_and_lambda_modules_see_every_call(queries):
+    """The layer calls its per-head norm and its lambda module as modules (accelerate's offload loads their weights
+    in hooks; PEFT wraps the lambda vectors): forward hooks on both see the decode step and the prefill."""
     torch.manual_seed(2)
-    attn = DiffAttention(64, num_heads=2, num_kv_heads=2, layer_idx=2).eval()
+    attn = DiffAttention(layer_config(num_attention_heads=2, num_key_value_heads=2), 2).eval()
     with torch.no_grad():
         attn.subln.weight.uniform_(0.5, 1.5)
     x = torch.randn(1, queries, 64)
     cos, sin = RotaryEmbedding(dim=attn.map_head_dim)(x, torch.arange(queries)[None])
+    expected_lambda = float(attn.lambda_full())
+    calls = []
+    attn.subln.register_forward_hook(lambda module, args, out: calls.append(("norm", tuple(out.shape))))
+    attn.lambda_vectors.register_forward_hook(lambda module, args, out: calls.append(("lambda", float(out))))
     with torch.no_grad():
-        fused = attn(x, (cos, sin))[0]
-        calls = []
-        handle = attn.subln.register_forward_hook(lambda module, args, out: calls.append(out.shape))
-        hooked = attn(x, (cos, sin))[0]
-        handle.remove()
-    assert calls == [(1, 2, queries, 32)]
-    torch.testing.assert_close(hooked, fused, atol=1e-6, rtol=1e-5)
+        attn(x, (cos, sin))
+    assert calls == [("lambda", pytest.approx(expected_lambda, rel=1e-5)), ("norm", (1, 2, queries, 32))]

@@ -11,7 +11,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from difftransformer.ops import (
-    HeadNorm,
     QueryRotary,
     choose_backend,
     diff_attention,
@@ -20,6 +19,9 @@ from difftransformer.ops import (
     diff_attention_fused_cpu,
     diff_attention_reference,
     fused_cpu,
+    lambda_full,
+    native_kernels,
+    rms_norm,
     rotate_queries,
 )
 from test_ops import TOL, diff_problems, grads, make_inputs
@@ -128,27 +130,46 @@ def test_decode_cpu_kernel_matches_reference_at_inference(problem):
         torch.testing.assert_close(out.double(), expected, **TOL[torch.float32])
 
 
-@pytest.mark.parametrize("gain", [True, False])
-@pytest.mark.parametrize("q_len", [1, 5, 40])
-def test_the_per_head_norm_is_the_same_fused_or_applied_after(gain, q_len):
-    """diff_attention(norm=...) fuses the norm into the C++ decode step and applies it after every other kernel:
-    each equals the float64 reference followed by the norm's definition."""
-    (q, k, v, lam), _ = make_inputs(2, 4, 2, 8, q_len, 45, "none", torch.float64, 7)
-    weight = torch.linspace(0.5, 1.5, 16, dtype=torch.float64) if gain else None
-    out, _ = diff_attention_reference(q, k, v, lam)
-    normed = out / torch.sqrt(out.pow(2).mean(-1, keepdim=True) + 1e-5) * 0.7
-    expected = normed * weight if gain else normed
+@given(
+    rows=st.lists(st.integers(1, 5), min_size=1, max_size=3),
+    width=st.integers(1, 70),
+    gain=st.booleans(),
+    scale=st.sampled_from([1.0, 0.7]),
+    transposed=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_rms_norm_inference_kernel_matches_the_definition(rows, width, gain, scale, transposed, seed):
+    """At inference on CPU float32 rms_norm is one C++ call: the definition in float64, for any leading shape and
+    for inputs whose rows are contiguous but whose heads are not (the attention output's layout)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(*rows, width, generator=gen, dtype=torch.float64) * 3
+    if transposed and len(rows) > 1:
+        x = x.transpose(0, 1).contiguous().transpose(0, 1)
+    weight = torch.rand(width, generator=gen, dtype=torch.float64) + 0.5 if gain else None
+    expected = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * scale
+    expected = expected * weight if gain else expected
+    assert native_kernels() is not None
     with torch.no_grad():
-        inputs = [t.float() for t in (q, k, v, lam)]
-        norm = HeadNorm(None if weight is None else weight.float(), 1e-5, 0.7)
-        kernel = choose_backend(inputs[0], inputs[1])
-        assert kernel == ("decode_cpu" if q_len <= 16 else "fused_cpu")
-        fused = diff_attention(*inputs, norm=norm)
-    torch.testing.assert_close(fused.double(), expected, **TOL[torch.float32])
-    for backend in ("reference", "sdpa", "blocked", "decode"):  # grad on: the norm runs after the kernel
-        torch.testing.assert_close(
-            diff_attention(q, k, v, lam, backend=backend, norm=HeadNorm(weight, 1e-5, 0.7)), expected
-        )
+        out = rms_norm(x.float(), None if weight is None else weight.float(), 1e-5, scale)
+    assert out.dtype == torch.float32 and out.stride() == x.stride()
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+@given(d=st.integers(1, 64), seed=st.integers(0, 2**16))
+def test_lambda_inference_kernel_matches_the_formula(d, seed):
+    """lambda = exp(q1 . k1) - exp(q2 . k2) + lambda_init: the C++ value at inference equals the formula in float64
+    and the autograd path's value."""
+    gen = torch.Generator().manual_seed(seed)
+    q1, k1, q2, k2 = (torch.randn(d, generator=gen, dtype=torch.float64) * 0.4 for _ in range(4))
+    expected = float(torch.exp(q1 @ k1) - torch.exp(q2 @ k2) + 0.35)
+    vectors = [t.float() for t in (q1, k1, q2, k2)]
+    with torch.no_grad():
+        fast = lambda_full(*vectors, 0.35)
+    assert isinstance(fast, float)
+    exact = lambda_full(*vectors, 0.35)
+    assert isinstance(exact, torch.Tensor) and exact.dtype == torch.float32
+    assert fast == pytest.approx(expected, rel=1e-6, abs=1e-6)
+    assert float(exact) == pytest.approx(expected, rel=1e-5, abs=1e-5)
 
 
 def rotated_by_definition(q, cos, sin, style):

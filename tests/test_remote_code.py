@@ -19,6 +19,7 @@ import difftransformer
 from difftransformer import DiffTransformerForCausalLM
 from difftransformer.data.tokenizer import train_tokenizer
 from difftransformer.models import remote_code
+from difftransformer.models.configuration import AUTO_MAP
 from helpers import random_model
 
 KINDS = {
@@ -112,10 +113,11 @@ def test_folders_load_and_generate_without_the_package(tmp_path):
         model.save_pretrained(tmp_path / kind)
         saved = json.loads((tmp_path / kind / "config.json").read_text())
         assert saved["auto_map"] == {
-            "AutoConfig": "configuration.DiffTransformerConfig",
-            "AutoModel": "modeling.DiffTransformerModel",
-            "AutoModelForCausalLM": "modeling.DiffTransformerForCausalLM",
+            "AutoConfig": "configuration_difftransformer.DiffTransformerConfig",
+            "AutoModel": "modeling_difftransformer.DiffTransformerModel",
+            "AutoModelForCausalLM": "modeling_difftransformer.DiffTransformerForCausalLM",
         }
+        assert {path.name for path in (tmp_path / kind).glob("*.py")} == set(remote_code.model_code())
         with torch.no_grad():
             expected[kind] = dict(
                 logits=model(ids).logits,
@@ -147,8 +149,8 @@ def test_folders_load_and_generate_without_the_package(tmp_path):
         )
         for refusal in got["refusals"]:
             assert "trust_remote_code=True" in refusal, refusal
-        torch.testing.assert_close(got["logits"], want["logits"], atol=1e-5, rtol=0)
-        torch.testing.assert_close(got["hidden"], want["hidden"], atol=1e-5, rtol=0)
+        torch.testing.assert_close(got["logits"], want["logits"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got["hidden"], want["hidden"], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(got["logits_again"], got["logits"], atol=0, rtol=0)
         assert torch.equal(got["generated"], want["generated"]), kind
     assert report["token_ids"] == report["token_ids_alone"] == tokenizer(text)["input_ids"]
@@ -160,34 +162,46 @@ def test_trainer_checkpoints_carry_the_code(tmp_path):
     model = random_model(seed=1, dtype=torch.float32)
     trainer = Trainer(model=model, args=TrainingArguments(output_dir=str(tmp_path), report_to=[]))
     trainer.save_model(str(tmp_path / "run"))
-    for name, text in remote_code.model_code().items():  # custom_object_save's raw copies replaced too
+    assert {path.name for path in (tmp_path / "run").glob("*.py")} == set(remote_code.model_code())
+    for name, text in remote_code.model_code().items():
         assert (tmp_path / "run" / name).read_text() == text, name
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert saved["auto_map"] == remote_code.auto_map()
+    assert saved["auto_map"] == AUTO_MAP
 
 
-def test_regenerating_changes_nothing_and_every_file_carries_the_hash_of_the_set(tmp_path, monkeypatch):
+def test_the_committed_model_code_is_what_the_sources_generate():
+    """hub/ holds the two files a saved folder carries, committed for readers (make hub writes them again): they
+    must be what the package's sources generate now."""
+    hub = PACKAGE_ROOT.parent / "hub"
+    assert {path.name for path in hub.glob("*.py")} == set(remote_code.model_code())
+    assert remote_code.stale_model_code(hub) == [], (
+        "the model sources changed: run `make hub` and commit hub/"
+    )
+
+
+def test_regenerating_changes_nothing_and_both_files_carry_the_hash_of_the_pair(tmp_path, monkeypatch):
     random_model(seed=0, dtype=torch.float32).save_pretrained(tmp_path)
     code = remote_code.model_code()
     assert code == remote_code.model_code() and remote_code.stale_model_code(tmp_path) == []
     digest = remote_code.code_digest({name: text.split("\n", 1)[1] for name, text in code.items()})
     for name, text in code.items():
         assert f"model code {digest};" in text.splitlines()[0], name
-    # An edited copy in a folder is reported; an edited package source changes every file's stamp.
-    (tmp_path / "layers_rotary.py").write_text(code["layers_rotary.py"] + "# edited\n")
-    (tmp_path / "mlp.py").unlink()
-    assert sorted(remote_code.stale_model_code(tmp_path)) == ["layers_rotary.py", "mlp.py"]
+    # An edited copy in a folder is reported; an edited package source changes both files' stamp.
+    (tmp_path / remote_code.MODELING_FILE).write_text(code[remote_code.MODELING_FILE] + "# edited\n")
+    (tmp_path / remote_code.CONFIGURATION_FILE).unlink()
+    assert sorted(remote_code.stale_model_code(tmp_path)) == sorted(code)
     load = remote_code._load
 
     def edited(name: str):
         module = load(name)
-        if name.endswith(".layers.rotary"):
-            return dataclasses.replace(module, source=module.source + "# edited\n")
+        if name.endswith(".layers.mlp"):
+            source = module.source + "\n\nEDITED = 1\n"
+            return dataclasses.replace(module, source=source, tree=ast.parse(source))
         return module
 
     monkeypatch.setattr(remote_code, "_load", edited)
     changed = remote_code.model_code()
-    assert changed["layers_rotary.py"].endswith("# edited\n")
+    assert "\nEDITED = 1\n" in changed[remote_code.MODELING_FILE]
     assert all(digest not in text.splitlines()[0] for text in changed.values())
 
 
@@ -199,70 +213,78 @@ def test_a_wrapper_subclass_leaves_only_our_code_in_the_folder(tmp_path):
     model = random_model(seed=2, dtype=torch.float32)
     model.__class__ = WrappedModel
     model.save_pretrained(tmp_path)
-    # transformers copies the source of the instance's class: this test module, which must not ship.
-    assert not (tmp_path / Path(__file__).name).exists()
     assert {p.name for p in tmp_path.glob("*.py")} == set(remote_code.model_code())
     saved = json.loads((tmp_path / "config.json").read_text())
-    assert saved["auto_map"] == remote_code.auto_map()
+    assert saved["auto_map"] == AUTO_MAP
 
 
-def test_shipped_files_import_only_each_other_and_installed_packages(tmp_path):
+def test_the_model_is_one_modeling_file_beside_its_configuration():
+    """The modeling file imports only the configuration file beside it and installed packages; the configuration
+    file only installed packages; each registers exactly the Auto classes config.json's auto_map names."""
     code = remote_code.model_code()
-    assert {"configuration.py", "modeling.py"} <= set(code)
+    assert sorted(code) == [remote_code.CONFIGURATION_FILE, remote_code.MODELING_FILE]
+    registered = {}
     for name, text in code.items():
-        for node in ast.walk(ast.parse(text)):
+        tree = ast.parse(text)
+        for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.level:
-                assert node.level == 1 and f"{node.module}.py" in code, (name, node.module)
+                assert name == remote_code.MODELING_FILE and node.module == "configuration_difftransformer"
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                modules = (
-                    [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module]
-                )
+                modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
                 assert not any(module.partition(".")[0] == "difftransformer" for module in modules), name
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "register_for_auto_class":
+                registered[node.args[0].value] = f"{name[:-3]}.{node.func.value.id}"
+        compile(text, name, "exec")
+    assert registered == AUTO_MAP
+    # The package's own classes are not registered: the config's save writes the files instead of transformers
+    # copying the package's modules.
+    assert DiffTransformerForCausalLM._auto_class is None
 
 
-def test_entry_modules_are_the_ones_registering_auto_classes():
-    """ENTRY_MODULES is a list: this fails when a registration moves to a module it does not name."""
-    registering = set()
-    for path in Path(difftransformer.__file__).parent.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr == "register_for_auto_class":
-                relative = path.relative_to(PACKAGE_ROOT).with_suffix("")
-                registering.add(".".join(relative.parts))
-    assert registering == set(remote_code.ENTRY_MODULES)
-    assert set(remote_code.auto_map()) == {"AutoConfig", "AutoModel", "AutoModelForCausalLM"}
+def probe_package(root: Path, files: dict[str, str]) -> None:
+    """A package ``probe`` under ``root`` with ``models/configuration.py``, ``models/modeling.py`` and the other
+    given files (module path -> source)."""
+    for relative, text in {"__init__.py": "", "models/__init__.py": "", **files}.items():
+        path = root / "probe" / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
 
 
-def test_unshippable_imports_are_refused_with_the_reason(tmp_path, monkeypatch):
-    package = tmp_path / "difftransformer_probe"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "helper.py").write_text("VALUE = 1\n")
-    (package / "entry.py").write_text("import difftransformer_probe.helper\n")
+def test_unexportable_model_code_is_refused_with_the_reason(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(remote_code, "PACKAGE", "difftransformer_probe")
-    monkeypatch.setattr(remote_code, "ENTRY_MODULES", ("difftransformer_probe.entry",))
-    with pytest.raises(remote_code.ExportError, match="import names from the module"):
+    for attribute, value in (
+        ("PACKAGE", "probe"),
+        ("CONFIGURATION_MODULE", "probe.models.configuration"),
+        ("MODELING_MODULE", "probe.models.modeling"),
+    ):
+        monkeypatch.setattr(remote_code, attribute, value)
+    config = "from probe.ops.names import STYLES\n\nclass DiffTransformerConfig:\n    styles = STYLES\n"
+    cases = {
+        "import probe.ops.helper\n": "import names from the module",
+        "from .configuration import DiffTransformerConfig\n": "absolute imports",
+        "def f():\n    from probe.ops.helper import VALUE\n": "package imports at the top",
+        "from probe.ops.helper import VALUE\nVALUE = 2\n": "defines names another model module defines",
+        "from probe.ops.helper import MISSING\n": "is not defined in the flat file",
+    }
+    for modeling, reason in cases.items():
+        probe_package(
+            tmp_path,
+            {
+                "models/configuration.py": config,
+                "models/modeling.py": modeling,
+                "ops/__init__.py": "",
+                "ops/helper.py": "VALUE = 1\n",
+                "ops/names.py": 'STYLES = ("a", "b")\n',
+            },
+        )
+        for name in [name for name in sys.modules if name.partition(".")[0] == "probe"]:
+            monkeypatch.delitem(sys.modules, name)
+        with pytest.raises(remote_code.ExportError, match=reason):
+            remote_code.model_code()
+    probe_package(tmp_path, {"ops/names.py": "STYLES = object()\n", "models/modeling.py": ""})
+    for name in [name for name in sys.modules if name.partition(".")[0] == "probe"]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(remote_code.ExportError, match="not a literal"):
         remote_code.model_code()
-    (package / "entry.py").write_text("from difftransformer_probe import helper\n")
-    with pytest.raises(remote_code.ExportError, match="imports a module as a name"):
-        remote_code.model_code()
-    (package / "entry.py").write_text(
-        "def f():\n    from difftransformer_probe.helper import (\n        VALUE,\n    )\n"
-    )
-    code = remote_code.model_code()["entry.py"]
-    assert code.splitlines()[1:] == ["def f():", "    from .helper import VALUE", "", ""]
-    compile(code, "entry.py", "exec")
-    # Shared last names: every module but the entry one takes its dotted path; a package's __init__ its name.
-    for sub in ("a", "b"):
-        (package / sub).mkdir()
-        (package / sub / "__init__.py").write_text("from difftransformer_probe.a.entry import X as X\n")
-        (package / sub / "entry.py").write_text("X = 1\n")
-    (package / "entry.py").write_text(
-        "from difftransformer_probe.a import X\nfrom difftransformer_probe.b.entry import X as Y\n"
-    )
-    code = remote_code.model_code()
-    assert sorted(code) == ["a.py", "a_entry.py", "b_entry.py", "entry.py"]
-    assert code["entry.py"].splitlines()[1:] == ["from .a import X", "from .b_entry import X as Y"]
-    assert code["a.py"].splitlines()[1:] == ["from .a_entry import X as X"]
-    for name in [name for name in sys.modules if name.startswith("difftransformer_probe")]:
+    for name in [name for name in sys.modules if name.partition(".")[0] == "probe"]:
         monkeypatch.delitem(sys.modules, name)

@@ -6,6 +6,7 @@ from difftransformer.layers.diff_attention import (
     LambdaVectors,
     SublnMode,
     depth_lambda_init,
+    implementation_backend,
 )
 from difftransformer.layers.diff_attention_v2 import DiffAttentionV2
 from difftransformer.layers.hooks import LogitsHook, attention_logits_hook
@@ -18,7 +19,7 @@ from difftransformer.layers.rotary import (
     apply_rotary,
     interleaved_to_half_permutation,
 )
-from difftransformer.layers.softmax_attention import SoftmaxAttention
+from difftransformer.layers.softmax_attention import SoftmaxAttention, eager_attention_forward
 
 __all__ = [
     "ROPE_STYLES",
@@ -36,5 +37,7 @@ __all__ = [
     "apply_rotary",
     "attention_logits_hook",
     "depth_lambda_init",
+    "eager_attention_forward",
+    "implementation_backend",
     "interleaved_to_half_permutation",
 ]

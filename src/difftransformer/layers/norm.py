@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from difftransformer.ops import rms_norm
+from difftransformer.ops.norm import rms_norm
 
 
 class RMSNorm(nn.Module):

@@ -1,4 +1,7 @@
-"""The matched baseline's standard multi-head softmax attention (GQA, rotary, KV cache)."""
+"""The matched baseline's multi-head softmax attention (GQA, rotary, KV cache), dispatched as Llama's is: one call
+to the implementation ``config._attn_implementation`` names in transformers' attention interface (sdpa, flash
+attention, flex attention, the paged implementations of continuous batching, a kernel registered with
+``AttentionInterface``), and, for "eager", the materialized attention below."""
 
 from __future__ import annotations
 
@@ -6,40 +9,65 @@ from functools import partial
 
 import torch
 from torch import nn
+from transformers import PreTrainedConfig
 from transformers.cache_utils import Cache
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from difftransformer.layers.hooks import LogitsHook
-from difftransformer.layers.rotary import RopeStyle, apply_rotary
-from difftransformer.ops import softmax_attention, softmax_attention_reference
+from difftransformer.ops.rotary import apply_rotary
+from difftransformer.ops.softmax import softmax_attention_reference
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``attn_implementation="eager"``: the materialized map, computed in float32 (float64 for float64 inputs),
+    with ``module.logits_hook`` (if set) on the scaled logits. query (B, H, T, d), key and value (B, H_kv, S, d),
+    attention_mask bool or additive (B or 1, 1, T, S), or None for the module's causal (bottom-right) or full
+    attention. Returns the output (B, T, H, d) and the map (B, H, T, S), as transformers' implementations do.
+    Other keywords (``dropout``: these models have none) are ignored."""
+    hook = None if module.logits_hook is None else partial(module.logits_hook, module)
+    out, probs = softmax_attention_reference(
+        query,
+        key,
+        value,
+        causal=module.is_causal and attention_mask is None,
+        attn_mask=attention_mask,
+        scale=scaling,
+        logits_hook=hook,
+    )
+    return out.transpose(1, 2), probs
 
 
 class SoftmaxAttention(nn.Module):
-    """Llama-style attention over ``num_heads`` heads of width d = hidden_size / num_heads.
+    """Llama-style attention over ``num_attention_heads`` heads of width ``head_dim``.
 
-    Same interface as :class:`~difftransformer.layers.DiffAttention`; ``output_attentions`` returns the
-    softmax map (B, H, T, S). Head counts are read from the projections' outputs (tensor-parallel shards run
-    as they are).
+    Args:
+        config: the model's configuration (``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``,
+            ``head_dim``, ``rope_style``, ``causal``); its ``_attn_implementation`` picks the attention function at
+            each call, as in transformers' models.
+        layer_idx: 0-based depth, the layer's slot in the KV cache.
     """
 
-    def __init__(
-        self,
-        hidden_size: int,
-        num_heads: int,
-        num_kv_heads: int,
-        layer_idx: int,
-        *,
-        rope_style: RopeStyle = "interleaved",
-        causal: bool = True,
-    ) -> None:
+    def __init__(self, config: PreTrainedConfig, layer_idx: int) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.layer_idx = num_heads, num_kv_heads, layer_idx
-        self.head_dim = hidden_size // num_heads
-        self.rope_style, self.is_causal = rope_style, causal
+        self.config, self.layer_idx = config, layer_idx
+        self.head_dim = config.head_dim
+        self.scaling = self.head_dim**-0.5
+        self.rope_style, self.is_causal = config.rope_style, config.causal
+        self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
         self.logits_hook: LogitsHook | None = None
-        self.q_proj = nn.Linear(hidden_size, num_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(hidden_size, num_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(hidden_size, num_kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(num_heads * self.head_dim, hidden_size, bias=False)
+        hidden, width = config.hidden_size, config.head_dim
+        self.q_proj = nn.Linear(hidden, config.num_attention_heads * width, bias=False)
+        self.k_proj = nn.Linear(hidden, config.num_key_value_heads * width, bias=False)
+        self.v_proj = nn.Linear(hidden, config.num_key_value_heads * width, bias=False)
+        self.o_proj = nn.Linear(config.num_attention_heads * width, hidden, bias=False)
 
     def project(
         self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
@@ -61,18 +89,13 @@ class SoftmaxAttention(nn.Module):
         v: torch.Tensor,
         attention_mask: torch.Tensor | None,
         output_attentions: bool,
-        backend: str,
+        **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Softmax attention over the given heads, (B, H, T, d) and the map or None: the materialized reference
-        for maps, logits hooks and ``backend="reference"``, PyTorch's fused SDPA otherwise."""
-        causal = self.is_causal and attention_mask is None
-        if output_attentions or self.logits_hook is not None or backend == "reference":
-            hook = None if self.logits_hook is None else partial(self.logits_hook, self)
-            out, probs = softmax_attention_reference(
-                q, k, v, causal=causal, attn_mask=attention_mask, logits_hook=hook
-            )
-            return out, probs if output_attentions else None
-        return softmax_attention(q, k, v, causal=causal, attn_mask=attention_mask), None
+        """The one attention call: (B, T, H_q, d) and the map (B, H_q, T, S) where the implementation gives one.
+        Maps are asked of the eager implementation, whatever the configured one (they are what it computes)."""
+        implementation = "eager" if output_attentions else self.config._attn_implementation
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        return attention(self, q, k, v, attention_mask, scaling=self.scaling, dropout=0.0, **kwargs)
 
     def forward(
         self,
@@ -81,13 +104,13 @@ class SoftmaxAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         output_attentions: bool = False,
-        backend: str = "auto",
+        **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states (B, T, d_model) -> (B, T, d_model), and the map (B, H, T, S) or None; ``backend``
-        "reference" materializes the map, any other takes SDPA."""
-        batch, q_len, _ = hidden_states.shape
+        """hidden_states (B, T, d_model) -> (B, T, d_model), and the map (B, H, T, S) with ``output_attentions``.
+        ``attention_mask`` is the mask transformers' ``masking_utils`` builds for the implementation; other keywords
+        (a paged cache and its indices in continuous batching) go to the attention function."""
         q, k, v = self.project(hidden_states, position_embeddings)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
-        out, probs = self.attend(q, k, v, attention_mask, output_attentions, backend)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, q_len, -1)), probs
+        out, probs = self.attend(q, k, v, attention_mask, output_attentions, **kwargs)
+        return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1)), probs if output_attentions else None

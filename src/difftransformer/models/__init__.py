@@ -2,6 +2,7 @@
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
+from difftransformer.models import remote_code  # noqa: F401  (registers the code writer with save_pretrained)
 from difftransformer.models.configuration import ATTENTION_KINDS, DiffTransformerConfig
 from difftransformer.models.modeling import (
     DiffTransformerForCausalLM,

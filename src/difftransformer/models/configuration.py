@@ -5,14 +5,25 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Callable
 
 from transformers import PreTrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, RopeParameters
 
-from difftransformer.layers import ROPE_STYLES, SUBLN_MODES
-from difftransformer.ops import BACKENDS as ATTENTION_BACKENDS
+from difftransformer.layers.diff_attention import SUBLN_MODES
+from difftransformer.ops.diff_attention import BACKENDS as ATTENTION_BACKENDS
+from difftransformer.ops.rotary import ROPE_STYLES
 
 ATTENTION_KINDS: tuple[str, ...] = ("diff", "diff_v2", "softmax")
+# config.json's ``auto_map``: the folder's own code files (models/remote_code.py writes them) for the Auto classes.
+AUTO_MAP = {
+    "AutoConfig": "configuration_difftransformer.DiffTransformerConfig",
+    "AutoModel": "modeling_difftransformer.DiffTransformerModel",
+    "AutoModelForCausalLM": "modeling_difftransformer.DiffTransformerForCausalLM",
+}
+# Called with the folder after every save_pretrained: the package registers the writer of the model's code
+# (models/remote_code.py); the code a saved folder carries has none, and transformers copies its files along.
+SAVE_HOOKS: list[Callable[[str | os.PathLike], None]] = []
 # Tensor parallelism: column-wise q/k/v keep whole heads on a shard (DIFF V1's adjacent Q1|Q2 and K1|K2 rows, DIFF
 # V2's adjacent query-head pairs, each pair's lambda_proj row), row-wise o_proj, as Llama's plan.
 _TP_PLAN = {
@@ -56,11 +67,13 @@ class DiffTransformerConfig(PreTrainedConfig):
         max_position_embeddings: longest sequence the model is meant for (checked on input).
         initializer_range: std of the normal init of linear and embedding weights.
         causal: causal self-attention (False gives an encoder).
-        attention_backend: "auto" (chosen per device, dtype and shape), "reference" (materialized, exact),
-            "sdpa" (two fused SDPA calls over V's halves), "blocked" (the baseline's FLOPs, one query block at a
-            time), "decode" (a few queries: K and V read once), "fused_cpu" or "flex". See docs/performance.md.
-            ``attn_implementation`` picks among them: "sdpa" (transformers' default) runs this backend, "eager"
-            the materialized "reference", "flex_attention" (DIFF V1 only) "flex"; other values are refused.
+        attention_backend: DIFF V1's operator backend under ``attn_implementation="sdpa"`` (transformers'
+            default): "auto" (chosen per device, dtype and shape; the fused C++ kernel on CPU float32), "reference"
+            (materialized, exact), "sdpa" (two fused SDPA calls over V's halves), "blocked" (the baseline's FLOPs,
+            one query block at a time), "decode" (a few queries: K and V read once), "fused_cpu" or "flex". See
+            docs/performance.md. ``attn_implementation`` "eager" runs "reference", "flex_attention" "flex". The
+            softmax baseline and DIFF V2 take every attention implementation transformers registers, as Llama
+            does; for them this field stays "auto".
         tie_word_embeddings: share the embedding and lm_head weights.
     """
 
@@ -111,6 +124,12 @@ class DiffTransformerConfig(PreTrainedConfig):
         choose("rope_style", ROPE_STYLES)
         choose("subln", SUBLN_MODES)
         choose("attention_backend", ATTENTION_BACKENDS)
+        if self.attention != "diff" and self.attention_backend != "auto":
+            raise ValueError(
+                f"attention_backend picks DIFF V1's operator; attention={self.attention!r} runs transformers' "
+                f"attention implementations (attn_implementation='eager', 'sdpa', ...): got attention_backend="
+                f"{self.attention_backend!r}, expected 'auto'"
+            )
         for field in (
             "vocab_size",
             "hidden_size",
@@ -190,14 +209,11 @@ class DiffTransformerConfig(PreTrainedConfig):
         )
 
     def save_pretrained(self, save_directory: str | os.PathLike, push_to_hub: bool = False, **kwargs) -> None:
-        """transformers' ``save_pretrained``, with ``auto_map`` and the model's code written beside config.json, so
-        that the folder loads with ``trust_remote_code=True`` where difftransformer is not installed (models/
-        remote_code.py, docs/sharing.md). A model's ``save_pretrained`` and the Trainer's checkpoints come here."""
-        from difftransformer.models.remote_code import auto_map, write_model_code
-
-        self.auto_map = {**(getattr(self, "auto_map", None) or {}), **auto_map()}
+        """transformers' ``save_pretrained`` with ``auto_map`` naming the folder's code files, so the folder loads
+        with ``trust_remote_code=True`` where difftransformer is not installed (docs/sharing.md); then the
+        :data:`SAVE_HOOKS` (the package writes the code files there). A model's ``save_pretrained`` and the
+        Trainer's checkpoints come here."""
+        self.auto_map = {**(getattr(self, "auto_map", None) or {}), **AUTO_MAP}
         super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
-        write_model_code(save_directory)
-
-
-DiffTransformerConfig.register_for_auto_class()  # auto_map's AutoConfig entry (remote_code.py)
+        for hook in SAVE_HOOKS:
+            hook(save_directory)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 
 import torch
@@ -11,22 +12,19 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.conversion_mapping import register_checkpoint_conversion_mapping
 from transformers.core_model_loading import WeightRenaming, WeightTransform
-from transformers.masking_utils import find_packed_sequence_indices
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import can_return_tuple
 
-from difftransformer.layers import (
-    DiffAttention,
-    DiffAttentionV2,
-    LambdaVectors,
-    RMSNorm,
-    RotaryEmbedding,
-    SoftmaxAttention,
-    SwiGLU,
-)
+from difftransformer.layers.diff_attention import DiffAttention, LambdaVectors, implementation_backend
+from difftransformer.layers.diff_attention_v2 import DiffAttentionV2
+from difftransformer.layers.mlp import SwiGLU
+from difftransformer.layers.norm import RMSNorm
+from difftransformer.layers.rotary import RotaryEmbedding
+from difftransformer.layers.softmax_attention import SoftmaxAttention
 from difftransformer.models.configuration import DiffTransformerConfig
-from difftransformer.ops import additive_to_bool
 
 # DIFF V1's lambda vectors live in their own float32 submodule and are saved under those names
 # (`self_attn.lambda_vectors.q1` ...), so that tools reading the file by parameter name (accelerate's
@@ -48,47 +46,7 @@ register_checkpoint_conversion_mapping(
     overwrite=True,  # the remote-code copy of this module registers it again
 )
 
-# transformers' attn_implementation -> our backend; "sdpa" (its default) runs config.attention_backend.
-ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention")
-
-
-def attention_backend(config: DiffTransformerConfig, implementation: str | None = None) -> str:
-    """The ops backend for ``implementation`` (default: ``config``'s ``attn_implementation``): "eager" ->
-    "reference" (materialized, as transformers' eager), "sdpa" (the default) -> ``config.attention_backend``,
-    "flex_attention" -> "flex" (DIFF V1 only). Anything else raises ValueError: an implementation is never
-    silently ignored."""
-    implementation = implementation or config._attn_implementation or "sdpa"
-    if implementation == "sdpa":
-        return config.attention_backend
-    if implementation == "eager":
-        return "reference"
-    if implementation == "flex_attention" and config.attention == "diff":
-        return "flex"
-    supported = ATTN_IMPLEMENTATIONS if config.attention == "diff" else ATTN_IMPLEMENTATIONS[:2]
-    raise ValueError(
-        f"attn_implementation must be one of {supported} for attention={config.attention!r} (docs/performance.md); "
-        f"got {implementation!r}"
-    )
-
-
-def build_attention(config: DiffTransformerConfig, layer_idx: int) -> nn.Module:
-    """The attention module that ``config.attention`` names, for one layer."""
-    common = dict(rope_style=config.rope_style, causal=config.causal)
-    args = (config.hidden_size, config.num_attention_heads, config.num_key_value_heads, layer_idx)
-    if config.attention == "diff":
-        lambda_init = None if config.lambda_init == "depth" else float(config.lambda_init)
-        return DiffAttention(
-            *args,
-            head_dim=config.head_dim,
-            lambda_init=lambda_init,
-            lambda_std=config.lambda_std,
-            subln=config.subln,
-            subln_eps=config.subln_eps,
-            **common,
-        )
-    if config.attention == "diff_v2":
-        return DiffAttentionV2(*args, **common)
-    return SoftmaxAttention(*args, **common)
+ATTENTION_MODULES = {"diff": DiffAttention, "diff_v2": DiffAttentionV2, "softmax": SoftmaxAttention}
 
 
 class DiffTransformerDecoderLayer(GradientCheckpointingLayer):
@@ -97,7 +55,7 @@ class DiffTransformerDecoderLayer(GradientCheckpointingLayer):
     def __init__(self, config: DiffTransformerConfig, layer_idx: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.self_attn = build_attention(config, layer_idx)
+        self.self_attn = ATTENTION_MODULES[config.attention](config, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
 
@@ -108,16 +66,17 @@ class DiffTransformerDecoderLayer(GradientCheckpointingLayer):
         attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         output_attentions: bool = False,
-        backend: str = "auto",
+        **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(B, T, d_model) -> (B, T, d_model), and the layer's attention map or None."""
+        """(B, T, d_model) -> (B, T, d_model), and the layer's attention map or None; other keywords go to the
+        attention module (continuous batching's paged cache and its indices)."""
         attn_out, attn_map = self.self_attn(
             self.input_layernorm(hidden_states),
             position_embeddings,
             attention_mask=attention_mask,
             past_key_values=past_key_values,
             output_attentions=output_attentions,
-            backend=backend,
+            **kwargs,
         )
         hidden_states = hidden_states + attn_out
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states)), attn_map
@@ -132,8 +91,12 @@ class DiffTransformerPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["DiffTransformerDecoderLayer"]
     _skip_keys_device_placement = ["past_key_values"]
+    # The baseline and DIFF V2 run every implementation transformers registers; DIFF V1 the ones its operators
+    # can (get_correct_attn_implementation refuses the rest, saying why).
     _supports_sdpa = True
-    _supports_flex_attn = True  # DIFF V1 only: get_correct_attn_implementation refuses it for the others
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
     _can_compile_fullgraph = True
 
     def __init__(self, config: DiffTransformerConfig, *inputs, **kwargs) -> None:
@@ -158,19 +121,22 @@ class DiffTransformerPreTrainedModel(PreTrainedModel):
         self, save_directory: str | os.PathLike, *args, save_original_format: bool = False, **kwargs
     ) -> None:
         """transformers' ``save_pretrained``, writing the in-memory names by default (``save_original_format=True``
-        writes the lambda vectors under their Llama-family names); a wrapper's subclass of this model (FSDP2's)
-        leaves only our code in the folder (:func:`~difftransformer.models.remote_code.remove_foreign_sources`)."""
-        from difftransformer.models.remote_code import remove_foreign_sources
-
+        writes the lambda vectors under their Llama-family names); the config's ``save_pretrained`` adds the
+        model's code files."""
         super().save_pretrained(save_directory, *args, save_original_format=save_original_format, **kwargs)
-        remove_foreign_sources(save_directory, type(self))
 
     def get_correct_attn_implementation(
         self, requested_attention: str | None, is_init_check: bool = False
     ) -> str:
-        """transformers' check, then ours: only the implementations :func:`attention_backend` maps."""
+        """transformers' check and, for DIFF V1, only the implementations its operators run
+        (:func:`~difftransformer.layers.diff_attention.implementation_backend` says why it refuses the others:
+        before transformers looks for a flash-attention package, after it has refused an unknown name)."""
+        is_diff = self.config.attention == "diff"
+        if is_diff and requested_attention in ALL_ATTENTION_FUNCTIONS:
+            implementation_backend(requested_attention)
         implementation = super().get_correct_attn_implementation(requested_attention, is_init_check)
-        attention_backend(self.config, implementation)
+        if is_diff:
+            implementation_backend(implementation)
         return implementation
 
     @torch.no_grad()
@@ -190,60 +156,45 @@ class DiffTransformerPreTrainedModel(PreTrainedModel):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
-def padding_and_causal_mask(
-    attention_mask: torch.Tensor | None,
-    *,
-    batch: int,
-    query_positions: torch.Tensor,
-    kv_len: int,
-    causal: bool,
-    documents: torch.Tensor | None = None,
-) -> torch.Tensor | None:
-    """Boolean (B or 1, 1, T, S) mask, True = attend, from a 2-D padding mask (B, <= S) of 1/0 or a ready 4-D mask.
+def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
+    """Raise ValueError when an id lies outside [0, vocab_size), on the CPU, where reading the ids costs nothing. On
+    an accelerator reading them back would stall the device at every step, so there the embedding's own index
+    check reports it."""
+    if input_ids.is_cpu and input_ids.numel() and not torch.compiler.is_compiling():
+        low, high = int(input_ids.min()), int(input_ids.max())
+        if low < 0 or high >= vocab_size:
+            raise ValueError(
+                f"input_ids must lie in [0, vocab_size={vocab_size}); got values in [{low}, {high}]"
+            )
 
-    Returns None where plain causal (or full) attention is exact, so fused kernels take their fastest path.
-    ``query_positions`` (T,) are the queries' slots in the key sequence (the cache position). ``documents``
-    (B, T), for packed rows without a cache (T = S), numbers each token's document: no token sees another
-    document's.
-    """
-    q_len = query_positions.shape[0]
-    if attention_mask is not None and attention_mask.dim() == 4:
+
+def check_mask_shape(
+    attention_mask: torch.Tensor, batch_and_queries: torch.Size, cache: Cache | None
+) -> None:
+    """Raise ValueError unless ``attention_mask`` is (B, S) with the queries' and the cache's S keys, or a ready
+    (B or 1, 1, T, S) mask; shapes only, nothing read back."""
+    batch, q_len = batch_and_queries
+    kv_len = cache.get_mask_sizes(q_len, 0)[0] if cache is not None else q_len
+    if attention_mask.dim() == 4:
         if attention_mask.shape[0] not in (1, batch) or tuple(attention_mask.shape[1:]) != (1, q_len, kv_len):
             raise ValueError(
                 f"a 4-D attention_mask must be ({batch} or 1, 1, {q_len}, {kv_len}); got {tuple(attention_mask.shape)}"
             )
-        return attention_mask if attention_mask.dtype == torch.bool else additive_to_bool(attention_mask)
-    if attention_mask is not None:
-        if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] > kv_len:
-            raise ValueError(
-                f"attention_mask must be (batch={batch}, key length <= {kv_len}) of 1 (token) / 0 (padding); "
-                f"got {tuple(attention_mask.shape)}"
-            )
-        if (
-            not torch.compiler.is_compiling()
-            and bool(attention_mask.all())
-            and kv_len == attention_mask.shape[1]
-        ):
-            attention_mask = None
-    if attention_mask is None and documents is None:
-        if kv_len == q_len:
-            return None
-        if (
-            query_positions.device.type == "cpu"  # reading the position on a GPU would sync every step
-            and not torch.compiler.is_compiling()
-            and int(query_positions[0]) == kv_len - q_len
-        ):
-            return None  # the queries fill the cache's last slots (a dynamic cache): bottom-right causal is exact
-    keys = torch.arange(kv_len, device=query_positions.device)
-    mask = (keys <= query_positions[:, None]) if causal else torch.ones(q_len, kv_len, dtype=torch.bool)
-    mask = mask.to(query_positions.device)[None, None]
-    if attention_mask is not None:
-        padded = torch.zeros(batch, kv_len, dtype=torch.bool, device=attention_mask.device)
-        padded[:, : attention_mask.shape[1]] = attention_mask.bool()
-        mask = mask & padded[:, None, None, :]
-    if documents is not None:
-        mask = mask & (documents[:, None, :, None] == documents[:, None, None, :])
-    return mask
+    elif attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] > kv_len:
+        raise ValueError(
+            f"attention_mask must be (batch={batch}, key length <= {kv_len}) of 1 (token) / 0 (padding); got "
+            f"{tuple(attention_mask.shape)}"
+        )
+
+
+def mask_config(config: DiffTransformerConfig, output_attentions: bool) -> DiffTransformerConfig:
+    """The configuration masks are built for: ``config``, or with ``output_attentions`` a copy set to the eager
+    implementation, whose (materialized) masks every layer's maps are computed with."""
+    if not output_attentions or config._attn_implementation == "eager":
+        return config
+    eager = copy.copy(config)
+    eager._attn_implementation = "eager"
+    return eager
 
 
 class DiffTransformerModel(DiffTransformerPreTrainedModel):
@@ -268,6 +219,32 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
         """Replace the token embedding (``resize_token_embeddings`` does)."""
         self.embed_tokens = value
 
+    def attention_mask(
+        self,
+        inputs_embeds: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        past_key_values: Cache | None,
+        position_ids: torch.Tensor,
+        output_attentions: bool,
+    ) -> torch.Tensor | None:
+        """The layers' mask, as transformers' ``masking_utils`` builds it for the attention implementation (causal
+        or bidirectional, padding, packed documents, the cache's offsets), or None where the implementation's own
+        causal or full attention is exact."""
+        config = mask_config(self.config, output_attentions)
+        if isinstance(attention_mask, torch.Tensor):
+            check_mask_shape(attention_mask, inputs_embeds.shape[:2], past_key_values)
+        # Deciding that a padding mask hides nothing reads it back: free on the CPU, a device stall elsewhere.
+        may_skip = attention_mask is None or attention_mask.is_cpu
+        if not self.config.causal:
+            return create_bidirectional_mask(
+                config, inputs_embeds, attention_mask, past_key_values=past_key_values,
+                allow_is_bidirectional_skip=may_skip,
+            )  # fmt: skip
+        return create_causal_mask(
+            config, inputs_embeds, attention_mask, past_key_values, position_ids=position_ids,
+            allow_is_causal_skip=may_skip,
+        )  # fmt: skip
+
     @can_return_tuple
     def forward(
         self,
@@ -291,13 +268,17 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
                 detects them): each token then attends only within its document.
             past_key_values: a transformers Cache (DynamicCache, StaticCache, ...).
             inputs_embeds: (B, T, d_model) instead of input_ids.
+            output_attentions: every layer's map, whatever the attention implementation (the layers compute it
+                with the materialized "eager" one).
             return_dict: False (or ``config.return_dict`` False) returns a tuple.
+            kwargs: passed to the attention modules, as transformers' models do (continuous batching's paged
+                cache and its indices).
 
         Returns:
             last_hidden_state (B, T, d_model); hidden_states: embeddings then each layer's output;
             attentions: one (B, H, T, S) map per layer (for DIFF the combined map A1 - lambda A2).
         """
-        output_attentions = (
+        output_attentions = bool(
             output_attentions if output_attentions is not None else self.config.output_attentions
         )
         output_hidden_states = (
@@ -309,41 +290,24 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
         if inputs_embeds is None:
             if input_ids.dim() != 2:
                 raise ValueError(f"input_ids must be (batch, seq); got shape {tuple(input_ids.shape)}")
-            if (
-                not torch.compiler.is_compiling()
-                and input_ids.numel()
-                and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size)
-            ):
-                raise ValueError(
-                    f"input_ids must lie in [0, vocab_size={self.config.vocab_size}); "
-                    f"got values in [{int(input_ids.min())}, {int(input_ids.max())}]"
-                )
+            check_token_ids(input_ids, self.config.vocab_size)
             inputs_embeds = self.embed_tokens(input_ids)
         batch, q_len, _ = inputs_embeds.shape
 
-        documents = None
-        if position_ids is not None and attention_mask is None and past_key_values is None:
-            documents = find_packed_sequence_indices(position_ids.expand(batch, -1))
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
-        past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
-        kv_len = past_key_values.get_mask_sizes(q_len, 0)[0] if past_key_values is not None else q_len
-        query_positions = torch.arange(q_len, device=inputs_embeds.device) + past_len
         if position_ids is None:
             if attention_mask is not None and attention_mask.dim() == 2:
                 position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -q_len:]
             else:
-                position_ids = query_positions.unsqueeze(0).expand(batch, -1)
-        mask = padding_and_causal_mask(
-            attention_mask,
-            batch=batch,
-            query_positions=query_positions,
-            kv_len=kv_len,
-            causal=self.config.causal,
-            documents=documents,
+                past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
+                position_ids = torch.arange(past_len, past_len + q_len, device=inputs_embeds.device)[None]
+        # The mask before a new cache: an empty cache changes no size, and without one restarting positions are
+        # read as packed documents.
+        mask = self.attention_mask(
+            inputs_embeds, attention_mask, past_key_values, position_ids, output_attentions
         )
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
 
-        backend = attention_backend(self.config)
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids)
         all_hidden = [hidden_states] if output_hidden_states else None
@@ -354,8 +318,8 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
                 position_embeddings,
                 attention_mask=mask,
                 past_key_values=past_key_values,
-                output_attentions=bool(output_attentions),
-                backend=backend,
+                output_attentions=output_attentions,
+                **kwargs,
             )
             if all_hidden is not None:
                 all_hidden.append(hidden_states)
@@ -425,8 +389,3 @@ class DiffTransformerForCausalLM(DiffTransformerPreTrainedModel, GenerationMixin
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
-
-
-# auto_map's model entries: folders we save load with trust_remote_code=True without this package (remote_code.py)
-DiffTransformerModel.register_for_auto_class("AutoModel")
-DiffTransformerForCausalLM.register_for_auto_class("AutoModelForCausalLM")

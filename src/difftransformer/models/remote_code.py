@@ -1,27 +1,25 @@
-"""The package's model code, flattened beside a saved model, so the folder loads without difftransformer.
+"""The model's code as two flat files beside a saved model, so the folder loads without difftransformer.
 
-transformers loads a folder's custom code (``trust_remote_code=True``) from the module files its config.json
-names in ``auto_map``, together with the files those modules import from the same folder, recursively, as
-``from .name import ...`` (``transformers.dynamic_module_utils``). Our configuration and modeling modules import
-the rest of the package by absolute name, so ``custom_object_save`` alone would copy two files that still need
-difftransformer installed. This module writes what the loader needs instead: the transitive closure of the
-package modules that the Auto classes' modules import (at any depth, imports inside functions included), each
-as one flat file with its package imports rewritten to relative ones. The files are generated from the
-package's sources each time a folder is saved: a folder carries the code of the version that wrote it, and
-there is no second copy of the model to keep in step (which committing the generated files would create).
-Generation is deterministic, and every file's first line names its source and the content hash of the whole set
-(:func:`code_digest`), so two folders run the same model code exactly when their stamps agree;
-:func:`stale_model_code` lists what in a folder differs from what this version writes, and
-``write_model_code(DIR)`` writes the files anywhere for review.
+transformers loads a folder's custom code (``trust_remote_code=True``) from the files its config.json names in
+``auto_map``, together with the files those import relatively (``transformers.dynamic_module_utils``). A folder we
+write holds transformers' layout: ``configuration_difftransformer.py`` (the configuration) and
+``modeling_difftransformer.py`` (the model, with every operator and layer it runs: a reader finds the whole model
+in that one file). Both are generated from the package's sources (``models/configuration.py``, and
+``models/modeling.py`` with the ``ops`` and ``layers`` modules it imports, at any depth), as transformers generates
+its ``modeling_*.py`` from modular sources:
 
-File names: a module is written as its last dotted name (``difftransformer.ops.common`` -> ``common.py``, a
-package's ``__init__`` as the package's name, ``ops.py``); where two modules share a last name, every one of
-them except an entry module is written under its whole dotted path below the package
-(``ops_diff_attention.py``). The entry modules keep their own names, which are the ones ``auto_map`` and
-transformers' ``custom_object_save`` use.
+- the configuration file is the configuration module, each name it imports from the package written as the
+  literal it is (tuples of strings);
+- the modeling file is every module the modeling module needs, dependencies first, each under a comment naming its
+  source, with package imports dropped (the names are the file's own) and outside imports gathered at the top; it
+  imports the configuration from the file beside it.
 
-Loaded from such a folder, the code has no C++ kernel source beside it; the attention operators then take their
-PyTorch paths (same logits to float32 rounding; docs/sharing.md).
+Both end by registering their classes for the Auto classes, so that a model loaded from the folder and saved again
+carries the files along (transformers' ``custom_object_save``). The C++ kernels' module is not among them: the
+operators register those kernels from the package (``ops/native.py``), and in a folder's code they take their
+PyTorch paths. Generation is deterministic; every file's first line stamps the content hash of the pair
+(:func:`code_digest`). The repository commits the generated pair under ``hub/`` and a test checks it against the
+sources; ``make hub`` writes it again, :func:`write_model_code` anywhere.
 """
 
 from __future__ import annotations
@@ -31,169 +29,295 @@ import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
-import keyword
+import json
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
+from difftransformer.models.configuration import AUTO_MAP, SAVE_HOOKS
 from difftransformer.storage import atomic_write
 
 PACKAGE = "difftransformer"
-# The modules whose classes are registered with register_for_auto_class; a test checks this against the package.
-ENTRY_MODULES: tuple[str, ...] = (f"{PACKAGE}.models.configuration", f"{PACKAGE}.models.modeling")
+CONFIGURATION_MODULE = f"{PACKAGE}.models.configuration"
+MODELING_MODULE = f"{PACKAGE}.models.modeling"
+CONFIGURATION_FILE = "configuration_difftransformer.py"
+MODELING_FILE = "modeling_difftransformer.py"
 
 
 class ExportError(RuntimeError):
-    """The package's model code uses a construct that cannot be shipped as flat module files."""
+    """The package's model code uses a construct that cannot be written as the two flat files."""
 
 
 @dataclass(frozen=True)
 class _Module:
     name: str
     path: Path
-    is_package: bool
     source: str
     tree: ast.Module
 
-
-def running_from_package() -> bool:
-    """True in the installed package; False in a copy that transformers loaded from a saved folder, where
-    transformers' own ``custom_object_save`` already copies every flat file along (they import each other
-    relatively)."""
-    return __name__.startswith(PACKAGE + ".")
+    @property
+    def source_path(self) -> str:
+        return Path(*self.name.split(".")).with_suffix(".py").as_posix()
 
 
 def _load(name: str) -> _Module:
     spec = importlib.util.find_spec(name)
     if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
         raise ExportError(f"cannot find the Python source of module {name!r}")
+    if spec.submodule_search_locations is not None:
+        raise ExportError(f"{name} is a package: import names from its modules, not from the package")
     path = Path(spec.origin)
     source = path.read_text(encoding="utf-8")
-    return _Module(name, path, spec.submodule_search_locations is not None, source, ast.parse(source))
+    return _Module(name, path, source, ast.parse(source))
 
 
 def _is_ours(name: str) -> bool:
     return name == PACKAGE or name.startswith(PACKAGE + ".")
 
 
-def _absolute(module: _Module, node: ast.ImportFrom) -> str:
-    """The absolute module name a ``from ... import`` refers to."""
-    if node.level == 0:
-        return node.module or ""
-    base = module.name if module.is_package else module.name.rpartition(".")[0]
-    for _ in range(node.level - 1):
-        base = base.rpartition(".")[0]
-    return f"{base}.{node.module}" if node.module else base
-
-
-def _package_imports(module: _Module) -> list[tuple[ast.ImportFrom, str]]:
-    """Every ``from <package module> import names`` statement of ``module`` (anywhere in it), with the module
-    name it imports from; other import forms of package modules are refused with the reason."""
+def _package_imports(module: _Module) -> list[ast.ImportFrom]:
+    """The module's ``from <package module> import names`` statements; any other way of importing from the package
+    (``import difftransformer...``, relative imports, imports inside functions) is refused with the reason."""
     found = []
+    top_level = set(map(id, module.tree.body))
     for node in ast.walk(module.tree):
         where = f"{module.path}:{getattr(node, 'lineno', '?')}"
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if _is_ours(alias.name):
-                    raise ExportError(
-                        f"{where}: `import {alias.name}` cannot be shipped as flat files; "
-                        "import names from the module instead (`from module import name`)"
-                    )
-        elif isinstance(node, ast.ImportFrom):
-            target = _absolute(module, node)
-            if not _is_ours(target):
-                continue
-            namespace = vars(importlib.import_module(target))
-            for alias in node.names:
-                submodule = f"{target}.{alias.name}"
-                if isinstance(namespace.get(alias.name), ModuleType) or (
-                    alias.name not in namespace and alias.name != "*" and importlib.util.find_spec(submodule)
-                ):
-                    raise ExportError(
-                        f"{where}: `from {target} import {alias.name}` imports a module as a name, which "
-                        f"transformers' loader does not follow; import names from {submodule} instead"
-                    )
-            found.append((node, target))
+        if isinstance(node, ast.Import) and any(_is_ours(alias.name) for alias in node.names):
+            raise ExportError(f"{where}: import names from the module (`from module import name`)")
+        if isinstance(node, ast.ImportFrom) and (node.level or _is_ours(node.module or "")):
+            if node.level:
+                raise ExportError(f"{where}: use absolute imports of the package's modules")
+            if id(node) not in top_level:
+                raise ExportError(f"{where}: the flat files need package imports at the top of the module")
+            found.append(node)
     return found
 
 
-def _closure() -> dict[str, _Module]:
-    """The entry modules and every package module they import, transitively."""
+def _closure(entry: str, stop: frozenset[str] = frozenset()) -> list[_Module]:
+    """``entry`` and every package module it imports, transitively (not past ``stop``), dependencies first, then
+    ops before layers before models and in name order (so the order is deterministic)."""
     modules: dict[str, _Module] = {}
-    pending = list(ENTRY_MODULES)
+    pending = [entry]
     while pending:
         name = pending.pop()
-        if name in modules:
+        if name not in modules:
+            modules[name] = module = _load(name)
+            pending.extend(n.module for n in _package_imports(module) if n.module not in stop)
+    ordered: list[_Module] = []
+    placed: set[str] = set()
+
+    def place(name: str, chain: tuple[str, ...]) -> None:
+        if name in placed:
+            return
+        if name in chain:
+            raise ExportError(f"import cycle among the model modules: {' -> '.join((*chain, name))}")
+        for node in sorted(_package_imports(modules[name]), key=lambda n: n.module):
+            if node.module in modules:
+                place(node.module, (*chain, name))
+        placed.add(name)
+        ordered.append(modules[name])
+
+    layers = ("ops", "layers", "models")  # read bottom-up: operators, then modules, then the model
+    for name in sorted(modules, key=lambda n: (layers.index(n.split(".")[1]), n)):
+        place(name, ())
+    return ordered
+
+
+def _docstring_comment(module: _Module) -> list[str]:
+    doc = ast.get_docstring(module.tree)
+    lines = [f"# ---- {module.source_path} " + "-" * max(0, 100 - len(module.source_path))]
+    return lines + [f"# {line}".rstrip() for line in (doc or "").splitlines()]
+
+
+def _body(module: _Module) -> tuple[list[str], list[str]]:
+    """The module's outside imports (as source lines) and the rest of its top level, without its docstring, its
+    package imports, ``from __future__`` and ``__all__``."""
+    imports, body = [], []
+    lines = module.source.splitlines()
+    previous_end = 0
+    for index, node in enumerate(module.tree.body):
+        start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+        while start - 2 >= previous_end and lines[start - 2].lstrip().startswith("#"):
+            start -= 1  # the comment lines right above a statement belong to it
+        previous_end = node.end_lineno
+        if index == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # the docstring, written as a comment
+        if isinstance(node, ast.ImportFrom) and (node.module == "__future__" or _is_ours(node.module or "")):
             continue
-        modules[name] = module = _load(name)
-        pending.extend(target for _, target in _package_imports(module))
-    return modules
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__all__"]:
+            continue
+        text = "\n".join(lines[start - 1 : node.end_lineno])
+        (imports if isinstance(node, (ast.Import, ast.ImportFrom)) else body).append(text)
+    return imports, body
 
 
-def _file_stems(names: list[str]) -> dict[str, str]:
-    """Module name -> flat file stem (see the module docstring for the rule)."""
-
-    def below_package(name: str) -> list[str]:
-        return name.split(".")[1:] or [PACKAGE]
-
-    leaves = {name: below_package(name)[-1] for name in names}
-    shared = {leaf for leaf in leaves.values() if list(leaves.values()).count(leaf) > 1}
-    stems = {
-        name: "_".join(below_package(name)) if leaf in shared and name not in ENTRY_MODULES else leaf
-        for name, leaf in leaves.items()
-    }
-    clashes = {stem for stem in stems.values() if list(stems.values()).count(stem) > 1}
-    bad = sorted(stem for stem in stems.values() if keyword.iskeyword(stem) or not stem.isidentifier())
-    if clashes or bad:
-        raise ExportError(
-            f"the package's model modules do not map onto distinct flat file names: clashes {sorted(clashes)}, "
-            f"invalid names {bad}"
-        )
-    return stems
+def _defined_names(module: _Module) -> set[str]:
+    names = set()
+    for node in module.tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    return names - {"__all__"}
 
 
-def _offset(line_starts: list[int], line: int, column: int) -> int:
-    return line_starts[line - 1] + column
+def _check_imported_names(module: _Module, available: set[str]) -> list[str]:
+    """Assignments for the package names ``module`` imports under another name; refuses names nobody defines."""
+    aliases = []
+    for node in _package_imports(module):
+        for alias in node.names:
+            if alias.name not in available:
+                raise ExportError(
+                    f"{module.path}: `{alias.name}` from {node.module} is not defined in the flat file"
+                )
+            if alias.asname and alias.asname != alias.name:
+                aliases.append(f"{alias.asname} = {alias.name}")
+    return aliases
 
 
-def _rewrite(module: _Module, stems: dict[str, str]) -> str:
-    """The module's source with each package import rewritten to ``from .stem import ...`` on as many lines."""
-    line_starts = [0]
-    for line in module.source.splitlines(keepends=True):
-        line_starts.append(line_starts[-1] + len(line.encode("utf-8")))
-    data = module.source.encode("utf-8")  # ast columns are byte offsets
-    edits = []
-    for node, target in _package_imports(module):
-        names = ", ".join(
-            alias.name + (f" as {alias.asname}" if alias.asname else "") for alias in node.names
-        )
-        text = f"from .{stems[target]} import {names}" + "\n" * (node.end_lineno - node.lineno)
-        start = _offset(line_starts, node.lineno, node.col_offset)
-        end = _offset(line_starts, node.end_lineno, node.end_col_offset)
-        edits.append((start, end, text.encode("utf-8")))
-    for start, end, text in sorted(edits, reverse=True):
-        data = data[:start] + text + data[end:]
-    return data.decode("utf-8")
-
-
-def _header(module: _Module, digest: str) -> str:
+def _header(digest: str) -> str:
     try:
         version = f" {importlib.metadata.version(PACKAGE)}"
     except importlib.metadata.PackageNotFoundError:
         version = ""
-    relative = Path(*module.name.split(".")).with_suffix(".py")
-    if module.is_package:
-        relative = relative.with_suffix("") / "__init__.py"
     return (
-        f"# Written by {PACKAGE}{version} from {relative.as_posix()}, model code {digest}; "
-        "change the package, not this copy.\n"
+        f"# Written by {PACKAGE}{version} from its sources (src/{PACKAGE}: ops, layers, models), model code "
+        f"{digest}; change the package, not this file.\n"
     )
 
 
+def _literal_imports(module: _Module) -> list[str]:
+    """The configuration's package imports, each name written as the literal value it has."""
+    lines = []
+    for node in _package_imports(module):
+        namespace = vars(importlib.import_module(node.module))
+        for alias in node.names:
+            value = namespace[alias.name]
+            text = _literal(value)
+            try:
+                if ast.literal_eval(text) != value:
+                    raise ValueError
+            except (ValueError, SyntaxError) as err:
+                raise ExportError(
+                    f"{module.path}: the configuration imports {alias.name} from {node.module}, which is not a "
+                    "literal; the configuration file can only carry literals"
+                ) from err
+            lines.append(f"{alias.asname or alias.name} = {text}")
+    return lines
+
+
+def _auto_registrations(module_file: str) -> list[str]:
+    stem = module_file.removesuffix(".py")
+    return [
+        f'{target.rpartition(".")[2]}.register_for_auto_class("{auto}")'
+        for auto, target in AUTO_MAP.items()
+        if target.startswith(stem + ".")
+    ]
+
+
+def _name_order(alias: ast.alias) -> tuple[int, str]:
+    """isort's order of imported names: constants, then classes, then the rest."""
+    name = alias.name
+    return (0 if name.isupper() else 1 if name[:1].isupper() else 2, name)
+
+
+def _import_block(statements: list[str]) -> str:
+    """The modules' outside import statements merged (one ``from`` line per module, aliased names on their own)
+    and grouped as isort groups them: standard library, third party, then the relative import."""
+    plain: set[str] = set()
+    names: dict[tuple[int, str], dict[str, ast.alias]] = {}
+    aliased: set[tuple[int, str, str, str]] = set()
+    for node in (n for statement in statements for n in ast.parse(statement).body):
+        if isinstance(node, ast.Import):
+            plain.update(ast.unparse(ast.Import(names=[alias])) for alias in node.names)
+            continue
+        for alias in node.names:
+            if alias.asname:
+                aliased.add((node.level, node.module, alias.name, alias.asname))
+            else:
+                names.setdefault((node.level, node.module), {})[alias.name] = alias
+    groups: dict[int, list[tuple[int, str, str]]] = {0: [], 1: [], 2: []}
+
+    def group(level: int, module: str) -> int:
+        return 2 if level else 0 if module.partition(".")[0] in sys.stdlib_module_names else 1
+
+    for line in plain:
+        module = line.removeprefix("import ").split(" as ")[0]
+        groups[group(0, module)].append((0, module, line))
+    for (level, module), found in names.items():
+        listed = ", ".join(a.name for a in sorted(found.values(), key=_name_order))
+        groups[group(level, module)].append((1, module, f"from {'.' * level}{module} import {listed}"))
+    for level, module, name, asname in aliased:
+        groups[group(level, module)].append(
+            (1, module, f"from {'.' * level}{module} import {name} as {asname}")
+        )
+    return "\n\n".join("\n".join(line for *_, line in sorted(lines)) for lines in groups.values() if lines)
+
+
+def _literal(value: object) -> str:
+    """``value`` as source, strings in double quotes (as the formatter writes them)."""
+    if isinstance(value, tuple):
+        items = ", ".join(_literal(item) for item in value)
+        return f"({items},)" if len(value) == 1 else f"({items})"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value)
+
+
+def _file(docstring: str, imports: list[str], sections: list[str], epilogue: list[str]) -> str:
+    head = f'"""{docstring}"""\n\nfrom __future__ import annotations\n\n{_import_block(imports)}'
+    registrations = "# transformers copies this file along when a model loaded from it is saved again\n"
+    body = "\n\n\n".join([*sections, registrations + "\n".join(epilogue)])
+    first_code = next(line for line in body.splitlines() if line and not line.startswith("#"))
+    # as isort writes it: two blank lines after the imports before a definition, one before anything else
+    gap = "\n\n\n" if first_code.startswith(("def ", "class ", "@")) else "\n\n"
+    return f"{head}{gap}{body}\n"
+
+
+def _configuration_body() -> str:
+    module = _load(CONFIGURATION_MODULE)
+    imports, body = _body(module)
+    constants = "\n".join(_literal_imports(module))
+    doc = f"The Differential Transformer's configuration, generated from {module.source_path}."
+    return _file(doc, imports, [constants, "\n\n\n".join(body)], _auto_registrations(CONFIGURATION_FILE))
+
+
+def _modeling_body() -> str:
+    configuration = _load(CONFIGURATION_MODULE)
+    modules = _closure(MODELING_MODULE, stop=frozenset({CONFIGURATION_MODULE}))
+    defined: dict[str, str] = {name: CONFIGURATION_MODULE for name in _defined_names(configuration)}
+    from_configuration = sorted(
+        alias.name
+        for module in modules
+        for node in _package_imports(module)
+        if node.module == CONFIGURATION_MODULE
+        for alias in node.names
+    )
+    imports = [f"from .{CONFIGURATION_FILE.removesuffix('.py')} import {', '.join(from_configuration)}"]
+    sections = []
+    for module in modules:
+        clashes = {name: defined[name] for name in _defined_names(module) if name in defined}
+        if clashes:
+            raise ExportError(
+                f"{module.name} defines names another model module defines too, which one flat file cannot hold: "
+                + ", ".join(f"{name} ({where})" for name, where in sorted(clashes.items()))
+            )
+        aliases = _check_imported_names(module, set(defined))
+        defined.update(dict.fromkeys(_defined_names(module), module.name))
+        module_imports, body = _body(module)
+        imports += module_imports
+        sections.append("\n".join(_docstring_comment(module)) + "\n" + "\n\n\n".join(aliases + body))
+    doc = (
+        "The Differential Transformer (DIFF V1, DIFF V2) and its matched softmax Transformer as transformers\n"
+        "models: every operator, layer and model class they run, generated from the package's sources named below."
+    )
+    return _file(doc, imports, sections, _auto_registrations(MODELING_FILE))
+
+
 def code_digest(bodies: dict[str, str]) -> str:
-    """The content hash stamped on every file: SHA-256 (first 16 hex digits) over the file names and their text
+    """The content hash stamped on both files: SHA-256 (first 16 hex digits) over the file names and their text
     without the header line, so two folders carry the same code exactly when their stamps agree."""
     digest = hashlib.sha256()
     for name in sorted(bodies):
@@ -202,69 +326,26 @@ def code_digest(bodies: dict[str, str]) -> str:
 
 
 def model_code() -> dict[str, str]:
-    """File name -> text of every flat module file a saved folder needs to load without the package. The same
-    sources always give the same text (file names, contents and the stamped :func:`code_digest`)."""
-    modules = _closure()
-    stems = _file_stems(sorted(modules))
-    bodies = {f"{stems[name]}.py": _rewrite(module, stems) for name, module in modules.items()}
+    """File name -> text of the two files a saved folder carries. The same sources always give the same text."""
+    bodies = {CONFIGURATION_FILE: _configuration_body(), MODELING_FILE: _modeling_body()}
     digest = code_digest(bodies)
-    return {
-        name: _header(modules[module_name], digest) + bodies[name]
-        for module_name in sorted(modules)
-        for name in [f"{stems[module_name]}.py"]
-    }
+    return {name: _header(digest) + body for name, body in bodies.items()}
 
 
 def stale_model_code(folder: str | os.PathLike) -> list[str]:
     """The code files of a saved ``folder`` that differ from (or are missing against) what this package writes
-    now; empty when regenerating would change nothing. Lets a user see whether a folder runs this version's
-    model code."""
+    now; empty when regenerating would change nothing."""
     folder = Path(folder)
-    stale = []
-    for name, text in model_code().items():
-        path = folder / name
-        if not path.is_file() or path.read_text(encoding="utf-8") != text:
-            stale.append(name)
-    return stale
-
-
-def auto_map() -> dict[str, str]:
-    """config.json's ``auto_map``: each class of the entry modules registered with ``register_for_auto_class``,
-    as ``{auto class: "module.Class"}`` (empty outside the package: a loaded copy keeps its folder's)."""
-    if not running_from_package():
-        return {}
-    entries = {}
-    for name in ENTRY_MODULES:
-        for value in vars(importlib.import_module(name)).values():
-            if isinstance(value, type) and value.__module__ == name and value.__dict__.get("_auto_class"):
-                entries[value._auto_class] = f"{name.rpartition('.')[2]}.{value.__name__}"
-    return entries
+    return [
+        name
+        for name, text in model_code().items()
+        if not (folder / name).is_file() or (folder / name).read_text(encoding="utf-8") != text
+    ]
 
 
 def write_model_code(folder: str | os.PathLike) -> list[Path]:
-    """Write :func:`model_code`'s files into ``folder`` (atomically, each replacing what custom_object_save
-    copied there); returns their paths. Does nothing in a copy loaded from a folder (see
-    :func:`running_from_package`)."""
-    if not running_from_package():
-        return []
+    """Write :func:`model_code`'s files into ``folder`` (atomically); returns their paths."""
     return [atomic_write(Path(folder) / name, text) for name, text in model_code().items()]
 
 
-def remove_foreign_sources(folder: str | os.PathLike, model_class: type) -> list[Path]:
-    """Delete from ``folder`` the source files transformers' ``custom_object_save`` copied for ``model_class``
-    when that class is not the package's own but a wrapper's subclass of it (FSDP2's generated
-    ``FSDPDiffTransformerForCausalLM`` lives in torch, so torch's ``_fsdp_*.py`` would land beside our code); the
-    folder's code is :func:`model_code`'s alone. Returns the deleted paths."""
-    if model_class.__module__.startswith(f"{PACKAGE}.") or not running_from_package():
-        return []
-    from transformers.dynamic_module_utils import get_relative_import_files
-
-    source = Path(sys.modules[model_class.__module__].__file__)
-    copied = {source.name} | {Path(name).name for name in get_relative_import_files(source)}
-    removed = []
-    for name in sorted(copied - set(model_code())):
-        path = Path(folder) / name
-        if path.is_file():
-            path.unlink()
-            removed.append(path)
-    return removed
+SAVE_HOOKS.append(write_model_code)

@@ -1,5 +1,6 @@
 """Attention operators: exact references beside fused fast paths, one function per operator, and the one
-place that chooses between them (:func:`choose_backend`)."""
+place that chooses between them (:func:`choose_backend`). Importing the package registers the C++ CPU kernels
+(:mod:`~difftransformer.ops.fused_cpu`) with :mod:`~difftransformer.ops.native`, where the operators find them."""
 
 from difftransformer.ops.blocked import diff_attention_blocked
 from difftransformer.ops.common import additive_to_bool, build_attend_mask
@@ -11,7 +12,9 @@ from difftransformer.ops.fused_cpu import (
     diff_attention_fused_cpu,
     fused_cpu_available,
 )
-from difftransformer.ops.norm import HeadNorm, rms_norm
+from difftransformer.ops.lambda_full import lambda_full
+from difftransformer.ops.native import native_kernels
+from difftransformer.ops.norm import rms_norm
 from difftransformer.ops.reference import diff_attention_reference, masked_softmax
 from difftransformer.ops.rotary import QueryRotary, apply_rotary, rotate_queries
 from difftransformer.ops.sdpa import diff_attention_sdpa
@@ -19,7 +22,6 @@ from difftransformer.ops.softmax import softmax_attention, softmax_attention_ref
 
 __all__ = [
     "BACKENDS",
-    "HeadNorm",
     "QueryRotary",
     "additive_to_bool",
     "apply_rotary",
@@ -34,7 +36,9 @@ __all__ = [
     "diff_attention_reference",
     "diff_attention_sdpa",
     "fused_cpu_available",
+    "lambda_full",
     "masked_softmax",
+    "native_kernels",
     "rms_norm",
     "rotate_queries",
     "softmax_attention",

@@ -40,10 +40,12 @@ def check_diff_inputs(
 def additive_to_bool(attn_mask: torch.Tensor) -> torch.Tensor:
     """An additive float mask (0 = attend, -inf or the dtype's min = masked) as a bool mask (True = attend).
 
-    Other values would be a bias, which these operators do not take: refused rather than misread.
+    Other values would be a bias, which these operators do not take: refused rather than misread where the check
+    costs nothing (a CPU mask, outside ``torch.compile``); on an accelerator reading the answer back would stall the
+    device at every call, so there the mask is taken as given.
     """
     masked = attn_mask <= torch.finfo(attn_mask.dtype).min / 2
-    if not torch.compiler.is_compiling() and not bool(((attn_mask == 0) | masked).all()):
+    if attn_mask.is_cpu and not torch.compiler.is_compiling() and not bool(((attn_mask == 0) | masked).all()):
         raise ValueError(
             "an additive attn_mask may only hold 0 (attend) and -inf or the dtype's minimum (masked); "
             "got other values (a bias): pass a bool mask instead"

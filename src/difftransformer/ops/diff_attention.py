@@ -3,8 +3,9 @@
 The rule (transformers' one ``ALL_ATTENTION_FUNCTIONS[...]`` lookup; flash-linear-attention's "ops have no hidden
 dispatch"): :func:`choose_backend` names the kernel from the requested backend and the inputs, and
 :func:`diff_attention` runs that one kernel. No kernel function chooses another. A layer makes one call,
-passing its queries' rotary embedding and its per-head norm as arguments, which the kernel fuses where it can
-(the C++ decode step) and the dispatcher applies before and after it otherwise.
+passing its queries' rotary embedding as an argument, which the C++ decode step fuses and the dispatcher applies
+before every other kernel. The C++ kernels are found through :mod:`difftransformer.ops.native`, where the package
+registers them: without them (a saved folder's model code) the PyTorch kernels serve every input.
 """
 
 from __future__ import annotations
@@ -16,12 +17,7 @@ import torch
 from difftransformer.ops.blocked import diff_attention_blocked
 from difftransformer.ops.decode import diff_attention_decode
 from difftransformer.ops.flex import diff_attention_flex
-from difftransformer.ops.fused_cpu import (
-    decode_step_cpu,
-    diff_attention_fused_cpu,
-    fused_cpu_available,
-)
-from difftransformer.ops.norm import HeadNorm, rms_norm
+from difftransformer.ops.native import cpu_kernels_for
 from difftransformer.ops.reference import diff_attention_reference
 from difftransformer.ops.rotary import QueryRotary, rotate_queries
 from difftransformer.ops.sdpa import diff_attention_sdpa
@@ -44,15 +40,9 @@ _MASKED_KERNELS = {
 }
 
 
-def _eager_cpu_float32(q: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
-    """Where the C++ kernels run: CPU float32, no mask, outside torch.compile (they are opaque to it)."""
-    return (
-        q.is_cpu
-        and q.dtype == torch.float32
-        and attn_mask is None
-        and not torch.compiler.is_compiling()
-        and fused_cpu_available()
-    )
+def _native_applies(q: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
+    """Where the C++ kernels run: registered and built, CPU float32, no mask, outside torch.compile."""
+    return attn_mask is None and cpu_kernels_for(q) is not None
 
 
 def choose_backend(
@@ -79,7 +69,7 @@ def choose_backend(
     if backend == "auto":
         if q.shape[-2] <= DECODE_MAX_QUERIES:
             backend = "decode"
-        elif _eager_cpu_float32(q, attn_mask):
+        elif _native_applies(q, attn_mask):
             return "fused_cpu"
         elif (
             q.device.type == "cpu"
@@ -89,10 +79,16 @@ def choose_backend(
             return "blocked"
         else:
             return "sdpa"
-    if backend == "decode" and not torch.is_grad_enabled() and _eager_cpu_float32(q, attn_mask):
+    if backend == "decode" and not torch.is_grad_enabled() and _native_applies(q, attn_mask):
         return "decode_cpu"
-    if backend == "fused_cpu" and attn_mask is not None:
-        raise ValueError("backend 'fused_cpu' takes no attn_mask (causal or full only); got a mask")
+    if backend == "fused_cpu":
+        if attn_mask is not None:
+            raise ValueError("backend 'fused_cpu' takes no attn_mask (causal or full only); got a mask")
+        if cpu_kernels_for(q) is None:
+            raise ValueError(
+                "backend 'fused_cpu' needs float32 CPU inputs and the C++ kernel, which is built with the package "
+                f"(not in a saved folder's code); got {q.dtype} on {q.device}"
+            )
     return backend
 
 
@@ -106,7 +102,6 @@ def diff_attention(
     attn_mask: torch.Tensor | None = None,
     scale: float | None = None,
     backend: Backend = "auto",
-    norm: HeadNorm | None = None,
     rotary: QueryRotary | None = None,
 ) -> torch.Tensor:
     """Differential attention in the paired layout (see :mod:`difftransformer.ops.common`).
@@ -117,26 +112,24 @@ def diff_attention(
         v: (B, h_kv, S, 2d).
         lambda_full: scalar lambda of the layer (a 0-d tensor keeps the gradient; a float at inference).
         causal: causal mask, aligned bottom-right when T < S (KV cache).
-        attn_mask: bool (True = attend) or additive float, broadcastable to (B, 1, T, S).
+        attn_mask: bool (True = attend) or additive float, broadcastable to (B, 1, T, S); for "flex" also a
+            FlexAttention ``BlockMask`` (transformers' masks for ``attn_implementation="flex_attention"``).
         scale: logit scale, default 1 / sqrt(d).
         backend: "reference" (materialized maps, exact), "sdpa" (two fused SDPA calls over V's halves),
             "blocked" (the baseline's FLOPs, maps one query block at a time), "decode" (few queries: K and V
             read once), "fused_cpu" (C++ kernel, CPU float32, no attn_mask), "flex" (compiled
             FlexAttention, one call with the 2d-wide V; inference only on the CPU), or "auto"
             (:func:`choose_backend`, which never picks "flex": it is not measured ahead of the others).
-        norm: the per-head RMSNorm and output scale to apply to each head's output, or None.
         rotary: q is given before its rotary embedding, which rotates each of its halves (Q1 and Q2), or None.
 
     Returns:
-        (B, h, T, 2d): head i's output ``(A1 - lambda A2) V_g``, through ``norm`` if given.
+        (B, h, T, 2d): head i's output ``(A1 - lambda A2) V_g``.
     """
     kernel = choose_backend(q, k, attn_mask, backend)
-    if kernel == "decode_cpu":  # the one kernel that fuses rotary and norm; choose_backend saw grad mode off
-        return decode_step_cpu(q, k, v, lambda_full, causal, scale, norm, rotary)
+    if kernel == "decode_cpu":  # the one kernel that fuses the rotation; choose_backend saw grad mode off
+        return cpu_kernels_for(q).decode(q, k, v, lambda_full, causal, scale, rotary)
     if rotary is not None:
         q = rotate_queries(q, rotary)
     if kernel == "fused_cpu":
-        out = diff_attention_fused_cpu(q, k, v, lambda_full, causal=causal, scale=scale)
-    else:
-        out = _MASKED_KERNELS[kernel](q, k, v, lambda_full, causal=causal, attn_mask=attn_mask, scale=scale)
-    return out if norm is None else rms_norm(out, *norm)
+        return cpu_kernels_for(q).diff_attention(q, k, v, lambda_full, causal, scale)
+    return _MASKED_KERNELS[kernel](q, k, v, lambda_full, causal=causal, attn_mask=attn_mask, scale=scale)

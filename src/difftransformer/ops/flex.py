@@ -38,10 +38,11 @@ def diff_attention_flex(
 ) -> torch.Tensor:
     """Same contract as :func:`~difftransformer.ops.diff_attention_reference`, without maps: (B, h, T, 2d).
 
-    ``attn_mask`` must be boolean (True = attend), shape (B or 1, 1, T, S). Raises ValueError on the CPU when an
-    input requires grad (no FlexAttention backward there).
+    ``attn_mask`` is boolean (True = attend), shape (B or 1, 1, T, S), or a ``BlockMask`` over (T, S) shared by
+    the heads (as transformers builds for ``attn_implementation="flex_attention"``; ``causal`` is then in it).
+    Raises ValueError on the CPU when an input requires grad (no FlexAttention backward there).
     """
-    from torch.nn.attention.flex_attention import create_block_mask
+    from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
     batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v)
     if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
@@ -49,6 +50,13 @@ def diff_attention_flex(
             "backend 'flex' has no backward on the CPU (FlexAttention, torch 2.13): run it under torch.no_grad() "
             "or use backend 'fused_cpu' / 'sdpa' for training"
         )
+    if isinstance(attn_mask, BlockMask):
+        if attn_mask.shape[-2:] != (q_len, kv_len) or attn_mask.shape[1] != 1:
+            raise ValueError(
+                f"a BlockMask for backend 'flex' must cover (1 head, {q_len} queries, {kv_len} keys); got "
+                f"{tuple(attn_mask.shape)}"
+            )
+        return _flex_maps(q, k, v, lambda_full, attn_mask, scale, heads, kv_heads, head_dim)
     if attn_mask is not None and (
         attn_mask.dtype != torch.bool or attn_mask.dim() != 4 or attn_mask.shape[0] not in (1, batch)
     ):
@@ -68,6 +76,13 @@ def diff_attention_flex(
         block_mask = create_block_mask(
             keep, batch if padding is not None else None, None, q_len, kv_len, device=q.device
         )
+    return _flex_maps(q, k, v, lambda_full, block_mask, scale, heads, kv_heads, head_dim)
+
+
+def _flex_maps(
+    q, k, v, lambda_full, block_mask, scale, heads: int, kv_heads: int, head_dim: int
+) -> torch.Tensor:
+    """The compiled FlexAttention call over the 2h component maps, and A1 V - lambda A2 V."""
     q_maps = torch.cat([q[..., :head_dim], q[..., head_dim:]], dim=1)  # (B, 2h, T, d)
     k_maps = torch.cat([k[..., :head_dim], k[..., head_dim:]], dim=1)  # (B, 2h_kv, S, d)
     v_maps = torch.cat([v, v], dim=1)  # K1 and K2 of a group read the same V

@@ -10,8 +10,10 @@ log-sum-exps; nothing of size (T, S) is kept, no K/V is repeated, and the output
 The kernel (``csrc/diff_attention_cpu.cpp``) is compiled with :func:`torch.utils.cpp_extension.load` the first
 time it is needed (cached in ``extensions/`` under :func:`difftransformer.storage.cache_dir`, one build per kernel
 source, flags, torch version and machine) with the C++ compiler PyTorch extensions use and ``ninja`` (a
-dependency). Where it cannot be built, :func:`fused_cpu_available` is False, a warning says why, and
-:func:`difftransformer.ops.choose_backend` picks the other paths.
+dependency). Importing this module registers the kernels with :mod:`difftransformer.ops.native`, where the
+operators find them; where they cannot be built, :func:`fused_cpu_available` is False, a warning says why, and the
+operators take their PyTorch paths. The same extension holds the inference kernels of the one-token step's small
+operators: the per-head and block RMSNorm and DIFF V1's lambda.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from types import ModuleType
 import torch
 
 from difftransformer.ops.common import check_diff_inputs
-from difftransformer.ops.norm import HeadNorm
+from difftransformer.ops.native import register_native_kernels
 from difftransformer.ops.rotary import QueryRotary
 from difftransformer.storage import cache_dir
 
@@ -59,8 +61,6 @@ def _build_directory(flags: list[str]) -> Path:
 def _extension() -> ModuleType | None:
     from torch.utils import cpp_extension
 
-    if not SOURCE.is_file():  # the model code copied into a saved folder (models/remote_code.py)
-        return None  # the PyTorch paths serve, silently
     flags = ["-O3", "-fopenmp"]
     if platform.machine() in ("x86_64", "AMD64"):
         flags.append("-march=native")  # the exp and masking loops vectorize to the machine's widest SIMD
@@ -171,36 +171,38 @@ def diff_attention_decode_cpu(
     *,
     causal: bool = True,
     scale: float | None = None,
-    norm: HeadNorm | None = None,
     rotary: QueryRotary | None = None,
 ) -> torch.Tensor:
     """Inference for a few queries (a decode step) in the C++ kernel: both maps' logits per cached key, then
     ONE pass over V with the combined weights, K and V read once; q (B, h, T, 2d), k and v (B, h_kv, S, 2d) CPU
-    float32 -> (B, h, T, 2d). With ``norm`` each head's output row also goes through the layer's per-head RMSNorm
-    and output scale; with ``rotary`` q is given unrotated and each of its halves is rotated in the kernel. No
-    autograd: inputs that require grad are refused while grad mode is on."""
+    float32 -> (B, h, T, 2d). With ``rotary`` q is given unrotated and each of its halves is rotated in the kernel.
+    The kernel checks the layout and the rotary tables itself (ValueErrors with the Python checks' messages).
+    No autograd: inputs that require grad are refused while grad mode is on."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise ValueError("the C++ decode kernel has no backward: call it under torch.no_grad()")
-    return decode_step_cpu(q, k, v, lambda_full, causal, scale, norm, rotary)
-
-
-def decode_step_cpu(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    lambda_full: torch.Tensor | float,
-    causal: bool,
-    scale: float | None,
-    norm: HeadNorm | None,
-    rotary: QueryRotary | None,
-) -> torch.Tensor:
-    """:func:`diff_attention_decode_cpu` without its autograd check, for a caller that chose this kernel with
-    :func:`~difftransformer.ops.choose_backend` (grad mode off). The kernel checks the layout and the rotary
-    tables itself, raising ValueErrors as the Python checks do, whose share of a one-token step measured about
-    1% of its time (docs/performance.md)."""
-    weight, eps, out_scale = (None, 0.0, 1.0) if norm is None else norm
     cos, sin, style = (None, None, "interleaved") if rotary is None else rotary
-    return _extension().decode(
-        q, k, v, _lambda_value(lambda_full), scale, causal, norm is not None, weight, eps, out_scale,
-        cos, sin, style == "half",
-    )  # fmt: skip
+    return _extension().decode(q, k, v, _lambda_value(lambda_full), scale, causal, cos, sin, style == "half")
+
+
+class CppKernels:
+    """This module's kernels as :class:`difftransformer.ops.native.NativeKernels`, the operators' fast paths."""
+
+    def diff_attention(self, q, k, v, lambda_full, causal, scale):
+        return diff_attention_fused_cpu(q, k, v, lambda_full, causal=causal, scale=scale)
+
+    def decode(self, q, k, v, lambda_full, causal, scale, rotary):
+        return diff_attention_decode_cpu(q, k, v, lambda_full, causal=causal, scale=scale, rotary=rotary)
+
+    def rms_norm(self, x, weight, eps, scale):
+        return _extension().rms_norm(x, weight, eps, scale)
+
+    def lambda_full(self, q1, k1, q2, k2, lambda_init):
+        return _extension().lambda_full(q1, k1, q2, k2, lambda_init)
+
+
+@functools.cache
+def _registered_kernels() -> CppKernels | None:
+    return CppKernels() if fused_cpu_available() else None
+
+
+register_native_kernels(_registered_kernels)

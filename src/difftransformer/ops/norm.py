@@ -1,22 +1,15 @@
 """RMS normalisation as an operator: the block norms' and DIFF V1's per-head norm, with a lean backward.
 
 Normalised in float32 (or float64), cast back to the input's dtype, then scaled by an optional gain, as in Llama.
+At inference on CPU float32 one C++ call replaces the formula's tensor ops (:mod:`difftransformer.ops.native`):
+a one-token step spends more on launching those small ops than on the arithmetic.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
-
-class HeadNorm(NamedTuple):
-    """DIFF V1's per-head RMSNorm as an operator argument: ``rms_norm(out, weight, eps, scale)`` on each head's
-    2d-wide output (``weight`` None for a norm without gain), fused into the kernel where one can."""
-
-    weight: torch.Tensor | None
-    eps: float
-    scale: float
+from difftransformer.ops.native import cpu_kernels_for
 
 
 def _widened(x: torch.Tensor) -> torch.Tensor:
@@ -65,6 +58,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, scale: fl
 
     The constant ``scale`` is folded into the gain (one pass, not two).
     """
+    if not torch.is_grad_enabled():
+        native = cpu_kernels_for(x) if weight is None else cpu_kernels_for(x, weight)
+        if native is not None:
+            return native.rms_norm(x, weight, eps, scale)
     gain = weight if weight is None or scale == 1.0 else weight * scale
     if torch.is_grad_enabled():
         out = _RMSNormFunction.apply(x, gain, eps)

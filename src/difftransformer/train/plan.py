@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -44,23 +44,26 @@ _PROXY_TOKENS = 64  # tokens of a measuring run: above the decode path's query c
 @dataclass(frozen=True)
 class ParallelSetup:
     """How a run spreads over devices: ``world_size`` processes (one per device), ``fsdp`` Trainer's sharding
-    words for the FSDP estimate, bfloat16 mixed precision, activation (gradient) checkpointing."""
+    words for the FSDP estimate, bfloat16 mixed precision, activation (gradient) checkpointing. ``plan``'s
+    ``--world-size`` is the ``world_size`` field; the others come from the training options of the same names."""
 
-    world_size: int = 1
+    _argument_group_name = "plan"
+
+    world_size: int = field(default=1, metadata={"help": "processes (one per device) the run is planned for"})
     fsdp: tuple[str, ...] = (FSDPOption.FULL_SHARD,)
     bf16: bool = False
     gradient_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.world_size, int) or self.world_size < 1:
-            raise UsageError(f"world_size must be a positive integer; got {self.world_size!r}")
+            raise UsageError(f"`world_size` must be a positive integer; got {self.world_size!r}")
         unknown = set(self.fsdp) - {option.value for option in MODELED_FSDP_OPTIONS}
         if unknown:
             raise UsageError(
-                f"fsdp: the plan models {sorted(o.value for o in MODELED_FSDP_OPTIONS)}; got {sorted(unknown)}"
+                f"`fsdp`: the plan models {sorted(o.value for o in MODELED_FSDP_OPTIONS)}; got {sorted(unknown)}"
             )
         if FSDPOption.FULL_SHARD in self.fsdp and FSDPOption.SHARD_GRAD_OP in self.fsdp:
-            raise UsageError("fsdp: choose one of full_shard and shard_grad_op; got both")
+            raise UsageError("`fsdp`: choose one of full_shard and shard_grad_op; got both")
 
     @property
     def compute_bytes(self) -> int:
@@ -171,7 +174,7 @@ def activation_rates(config: DiffTransformerConfig, *, bf16: bool) -> Activation
                     hidden_size=hidden,
                     intermediate_size=ffn,
                     num_hidden_layers=layers,
-                    attention_backend="sdpa",
+                    attention_backend="sdpa" if config.attention == "diff" else "auto",
                 ),
                 _PROXY_TOKENS,
                 bf16=bf16,

@@ -347,13 +347,10 @@ std::vector<torch::Tensor> diff_attention_backward(torch::Tensor grad_out, torch
 // and V are read once and the multiply-adds are the matched baseline's. Plain vectorized loops: for one query
 // row, BLAS calls measured slower (their fixed cost and a strided K^T product). Returns (B, h, T, 2d) with heads
 // merged in memory, like the forward above.
-// With ``normalize`` each output row then goes through the layer's per-head RMSNorm (gain ``norm_weight`` if
-// defined) times ``out_scale``, which saves a one-token step the norm's eight small tensor ops per layer. With
-// ``rotary_cos`` and ``rotary_sin`` (batch or 1, T, d/2) q is taken before its rotary embedding and rotated here
-// (``rotary_half`` picks the pairing), which saves the step the rotation's tensor ops on q.
+// With ``rotary_cos`` and ``rotary_sin`` (batch or 1, T, d/2) q is taken before its rotary embedding and rotated
+// here (``rotary_half`` picks the pairing), which saves the step the rotation's tensor ops on q.
 torch::Tensor diff_attention_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, double lambda_full,
-                                    c10::optional<double> scale_opt, bool causal, bool normalize,
-                                    c10::optional<torch::Tensor> norm_weight, double norm_eps, double out_scale,
+                                    c10::optional<double> scale_opt, bool causal,
                                     c10::optional<torch::Tensor> rotary_cos, c10::optional<torch::Tensor> rotary_sin,
                                     bool rotary_half) {
   TORCH_CHECK_VALUE(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be 4-D (batch, heads, seq, 2d); got q ",
@@ -363,13 +360,6 @@ torch::Tensor diff_attention_decode(torch::Tensor q, torch::Tensor k, torch::Ten
   v = last_dim_contiguous(v);
   check_inputs(q, k, v);
   const double scale = scale_opt.has_value() ? *scale_opt : 1.0 / std::sqrt(static_cast<double>(q.size(3) / 2));
-  const float* gain = nullptr;
-  if (norm_weight.has_value() && norm_weight->defined()) {
-    TORCH_CHECK(norm_weight->scalar_type() == torch::kFloat32 && norm_weight->is_contiguous() &&
-                    norm_weight->numel() == q.size(3),
-                "norm_weight must be a contiguous float32 vector of q's width");
-    gain = norm_weight->data_ptr<float>();
-  }
   const int64_t batch = q.size(0), heads = q.size(1), q_len = q.size(2), width = q.size(3);
   const int64_t kv_heads = k.size(1), kv_len = k.size(2), d = width / 2, rep = heads / kv_heads;
   const int64_t offset = kv_len - q_len;
@@ -417,19 +407,71 @@ torch::Tensor diff_attention_decode(torch::Tensor q, torch::Tensor k, torch::Ten
       combined_row(w1.data(), w2.data(), keys, lam, lse1, lse2);
       float* o = O.at(b, i, t);
       weighted_rows(w1.data(), vp, V.row, keys, width, o);
-      if (normalize) {
-        float square_sum = 0.0f;
-#pragma omp simd reduction(+ : square_sum)
-        for (int64_t c = 0; c < width; ++c) square_sum += o[c] * o[c];
-        const float factor = static_cast<float>(out_scale) / std::sqrt(square_sum / width + static_cast<float>(norm_eps));
-        for (int64_t c = 0; c < width; ++c) o[c] *= gain ? factor * gain[c] : factor;
+    }
+  });
+  return out;
+}
+
+// RMSNorm at inference: each row of x (its last dim, contiguous) divided by its root mean square (computed in
+// float32, as ops/norm.py's rms_norm does), times ``weight`` if defined, times ``scale``. One call instead of the
+// norm's eight small tensor ops, which dominate a one-token step's norms. The output keeps x's memory layout.
+torch::Tensor rms_norm_inference(torch::Tensor x, c10::optional<torch::Tensor> weight, double eps, double scale) {
+  TORCH_CHECK_VALUE(x.device().is_cpu() && x.scalar_type() == torch::kFloat32 && x.dim() >= 1,
+                    "the C++ RMSNorm takes a float32 CPU tensor; got ", x.scalar_type(), " on ", x.device());
+  if (x.stride(-1) != 1 || !x.is_non_overlapping_and_dense()) x = x.contiguous();
+  const int64_t width = x.size(-1), rows = width ? x.numel() / width : 0;
+  const float* gain = nullptr;
+  if (weight.has_value() && weight->defined()) {
+    TORCH_CHECK_VALUE(weight->device().is_cpu() && weight->scalar_type() == torch::kFloat32 &&
+                          weight->is_contiguous() && weight->numel() == width,
+                      "the RMSNorm weight must be a contiguous float32 CPU vector of x's last dim (", width,
+                      "); got ", weight->scalar_type(), " ", weight->sizes());
+    gain = weight->data_ptr<float>();
+  }
+  // Same strides as x: rows are the same memory chunks of ``width`` floats in both.
+  auto out = torch::empty_like(x);
+  const float* src = x.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  const float factor_scale = static_cast<float>(scale), epsilon = static_cast<float>(eps);
+  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = src + r * width;
+      float* o = dst + r * width;
+      const float inv_rms = 1.0f / std::sqrt(dot(row, row, width) / static_cast<float>(width) + epsilon);
+      if (gain) {
+        for (int64_t c = 0; c < width; ++c) o[c] = row[c] * inv_rms * (gain[c] * factor_scale);
+      } else {
+        for (int64_t c = 0; c < width; ++c) o[c] = row[c] * inv_rms * factor_scale;
       }
     }
   });
   return out;
 }
 
+// DIFF V1's lambda at inference: exp(q1 . k1) - exp(q2 . k2) + lambda_init from the four float32 vectors, summed in
+// double. One call instead of the formula's eight small tensor ops per layer and step.
+double lambda_full_inference(torch::Tensor q1, torch::Tensor k1, torch::Tensor q2, torch::Tensor k2,
+                             double lambda_init) {
+  const int64_t n = q1.numel();
+  for (const auto* x : {&q1, &k1, &q2, &k2}) {
+    TORCH_CHECK_VALUE(x->device().is_cpu() && x->scalar_type() == torch::kFloat32 && x->is_contiguous() &&
+                          x->numel() == n,
+                      "the lambda vectors must be contiguous float32 CPU tensors of one length; got ",
+                      x->scalar_type(), " ", x->sizes(), " on ", x->device());
+  }
+  auto dot64 = [n](const torch::Tensor& a, const torch::Tensor& b) {
+    const float* x = a.data_ptr<float>();
+    const float* y = b.data_ptr<float>();
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * static_cast<double>(y[i]);
+    return sum;
+  };
+  return std::exp(dot64(q1, k1)) - std::exp(dot64(q2, k2)) + lambda_init;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rms_norm", &rms_norm_inference, "RMSNorm over the last dim, inference (CPU float32)");
+  m.def("lambda_full", &lambda_full_inference, "DIFF V1's lambda from its four vectors, inference (CPU float32)");
   m.def("decode", &diff_attention_decode, "differential attention for a few queries, inference (CPU float32)");
   m.def("forward", &diff_attention_forward, "fused differential attention, forward (CPU float32)");
   m.def("backward", &diff_attention_backward, "fused differential attention, backward (CPU float32)");

@@ -1,0 +1,81 @@
+"""Where native (C++) kernels plug into the operators: a registry of one set of CPU kernels.
+
+The operators (:func:`~difftransformer.ops.diff_attention`, :func:`~difftransformer.ops.rms_norm`,
+:func:`~difftransformer.ops.lambda_full`) are written in PyTorch and exact on their own. :mod:`~difftransformer.ops.
+fused_cpu` registers its C++ kernels here when the package is imported; where nothing is registered (the model code
+a saved folder carries, which has no C++ source) or the kernels could not be built, every operator takes its
+PyTorch path. The operators never import the kernels' module, so the model code runs without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from difftransformer.ops.rotary import QueryRotary
+
+
+class NativeKernels(Protocol):
+    """Operators backed by C++ kernels for CPU float32 (``ops/csrc``), each with the contract of the PyTorch
+    operator it stands in for."""
+
+    def diff_attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        lambda_full: torch.Tensor | float,
+        causal: bool,
+        scale: float | None,
+    ) -> torch.Tensor:
+        """:func:`~difftransformer.ops.diff_attention` without a mask, forward and backward."""
+
+    def decode(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        lambda_full: torch.Tensor | float,
+        causal: bool,
+        scale: float | None,
+        rotary: QueryRotary | None,
+    ) -> torch.Tensor:
+        """The same for a few queries at inference, q given unrotated with its ``rotary`` embedding."""
+
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor | None, eps: float, scale: float
+    ) -> torch.Tensor:
+        """:func:`~difftransformer.ops.rms_norm` at inference."""
+
+    def lambda_full(
+        self, q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor, k2: torch.Tensor, lambda_init: float
+    ) -> float:
+        """:func:`~difftransformer.ops.lambda_full` at inference."""
+
+
+_loader: Callable[[], NativeKernels | None] | None = None
+
+
+def register_native_kernels(loader: Callable[[], NativeKernels | None]) -> None:
+    """Register the function that returns the C++ kernels (building them on first use), or None where they cannot
+    be built."""
+    global _loader
+    _loader = loader
+
+
+def native_kernels() -> NativeKernels | None:
+    """The registered C++ kernels, built, or None (none registered, or the build failed)."""
+    return None if _loader is None else _loader()
+
+
+def cpu_kernels_for(*tensors: torch.Tensor) -> NativeKernels | None:
+    """The C++ kernels if they can run on ``tensors``: all float32 on the CPU, outside ``torch.compile`` (the
+    kernels are opaque to it); else None."""
+    if _loader is None or torch.compiler.is_compiling():
+        return None
+    for tensor in tensors:
+        if not tensor.is_cpu or tensor.dtype != torch.float32:
+            return None
+    return _loader()
