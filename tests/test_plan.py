@@ -186,9 +186,23 @@ def test_plan_command_prints_counts_and_memory(capsys):
         assert row in out
 
 
-def test_plan_command_refuses_bad_input(capsys):
-    assert main(["plan", "--preset", "micro", "--fsdp", "hybrid_shard"]) == 2
-    assert "difftransformer plan: error: fsdp" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        # What train would refuse, the plan refuses (transformers' own check of the FSDP words included).
+        (["--fsdp", "hybrid_shard"], "hybrid_shard"),
+        (["--per_device_train_batch_size", "0"], "--per-device-train-batch-size must be >= 1; got 0"),
+        (["--block_size", "0"], "--block-size must be at least 2; got 0"),
+        (["--gradient_accumulation_steps", "0"], "--gradient-accumulation-steps must be >= 1; got 0"),
+        (["--bf16", "true", "--fp16", "true"], "At most one of fp16 and bf16"),
+        (["--world-size", "0"], "--world-size must be a positive integer; got 0"),
+    ],
+)
+def test_plan_command_refuses_bad_input(flags, message, capsys):
+    capsys.readouterr()
+    assert main(["plan", "--preset", "micro", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("difftransformer plan: error: ") and message in err and len(err.splitlines()) == 1
 
 
 def test_plan_says_which_optimizer_it_does_not_model(capsys):

@@ -13,7 +13,7 @@ import argparse
 from transformers.trainer_utils import FSDPOption
 
 from difftransformer.flags import add_flags, given
-from difftransformer.train.cli import resolved_preset
+from difftransformer.train.cli import checked_training_settings, resolved_preset, training_options
 from difftransformer.train.plan import GIB, ParallelSetup, Plan, make_plan
 from difftransformer.train.presets import PRESETS, RECIPE
 from difftransformer.train.settings import PresetOptions, TrainingSettings
@@ -66,15 +66,14 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
+# ParallelSetup's fields that the training options of the same names set.
+FROM_TRAINING = frozenset({"fsdp", "bf16", "gradient_checkpointing"})
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """``plan``'s options: the world size, then ``train``'s preset and training options (output dir excepted)."""
-    parser.add_argument(
-        "--world-size",
-        type=int,
-        default=1,
-        help="processes (one per device) the run is planned for (default: 1)",
-    )
     parser.epilog = "presets: " + ", ".join(PRESETS)
+    add_flags(parser, ParallelSetup, exclude=FROM_TRAINING, only_given=True)
     add_flags(parser, PresetOptions)
     add_flags(parser, TrainingSettings, preset_fields=frozenset(RECIPE), exclude=frozenset({"output_dir"}))
 
@@ -86,7 +85,11 @@ def parallel_setup(args: argparse.Namespace) -> ParallelSetup:
     words = tuple(fsdp.split()) if isinstance(fsdp, str) else (FSDPOption.FULL_SHARD.value,)
     checkpointing = options.get("activation_checkpointing") or options.get("gradient_checkpointing")
     return ParallelSetup(
-        world_size=args.world_size,
+        **{
+            name: value
+            for name, value in given(vars(args), ParallelSetup).items()
+            if name not in FROM_TRAINING
+        },
         fsdp=words,
         bf16=bool(options.get("bf16")),
         gradient_checkpointing=bool(checkpointing),
@@ -94,8 +97,12 @@ def parallel_setup(args: argparse.Namespace) -> ParallelSetup:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the plan, and a note when the optimizer is not the AdamW the estimate models."""
-    print(format_plan(make_plan(resolved_preset(args), parallel_setup(args))))
+    """Check the options as ``train`` does (a batch, block size or accumulation of 0, --bf16 with --fp16 are
+    refused), print the plan, and a note when the optimizer is not the AdamW the estimate models."""
+    preset = resolved_preset(args)
+    # The run's TrainingArguments, built to check them as train would; "plan" is a placeholder folder, never made.
+    checked_training_settings(preset, output_dir="plan", **training_options(args))
+    print(format_plan(make_plan(preset, parallel_setup(args))))
     optimizer = str(given(vars(args), TrainingSettings).get("optim", "adamw_torch"))
     if not optimizer.startswith("adamw") or "8bit" in optimizer:
         print(
