@@ -22,6 +22,7 @@ from difftransformer.compare.claims import (
 )
 from difftransformer.compare.document import Report, mean_spread
 from difftransformer.compare.gap import gap_curves
+from difftransformer.compare.length_curves import length_section
 from difftransformer.compare.scaling import fit_power_law, matching_ratio
 from difftransformer.compare.suite_report import suite_sections
 from difftransformer.compare.variants import Variant, baseline_of, parse_variant
@@ -512,6 +513,7 @@ def build_report(
         for scale in scales
         for variant in variants
     ]
+    length_section(report, groups, preset.block_size, out)
     suite_sections(report, groups, out)
     harness_section(report, records, variants, out)
     if by is not None:
