@@ -153,9 +153,10 @@ def _as_list(hint: Any) -> Any:
     return hint
 
 
-def _flag_fields(dataclass_type: type, exclude: Collection[str]) -> type:
+def _flag_fields(dataclass_type: type, exclude: Collection[str], title: str | None) -> type:
     """A dataclass with the flagged fields of ``dataclass_type`` alone (``exclude`` left out), tuple fields as
-    lists and our own metadata keys removed: what HfArgumentParser reads."""
+    lists and our own metadata keys removed, its flags grouped under ``title`` (default: the dataclass's
+    ``_argument_group_name``): what HfArgumentParser reads."""
     hints = typing.get_type_hints(dataclass_type)
     fields = []
     for f in dataclasses.fields(dataclass_type):
@@ -165,22 +166,25 @@ def _flag_fields(dataclass_type: type, exclude: Collection[str]) -> type:
         spec = dataclasses.field(default=f.default, default_factory=f.default_factory, metadata=metadata)
         fields.append((f.name, _as_list(hints[f.name]), spec))
     flagged = dataclasses.make_dataclass(dataclass_type.__name__, fields, kw_only=True)
-    if hasattr(dataclass_type, "_argument_group_name"):
-        flagged._argument_group_name = dataclass_type._argument_group_name
+    title = title or getattr(dataclass_type, "_argument_group_name", None)
+    if title:
+        flagged._argument_group_name = title
     return flagged
 
 
 def add_flags(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    parser: argparse.ArgumentParser,
     dataclass_type: type,
     *,
     exclude: Collection[str] = (),
     preset_fields: Collection[str] = (),
     only_given: bool = False,
     list_items: bool = False,
+    title: str | None = None,
 ) -> None:
-    """Add one flag per field of ``dataclass_type`` to ``parser`` (a parser or an argument group), as transformers'
-    ``HfArgumentParser`` derives them, in one argument group per dataclass. An optional boolean (``--bf16``) may
+    """Add one flag per field of ``dataclass_type`` to ``parser``, as transformers' ``HfArgumentParser`` derives
+    them, in one argument group per dataclass (titled ``title``, or the dataclass's ``_argument_group_name``; its
+    help lists each flag with its help text). An optional boolean (``--bf16``) may
     be given bare, meaning true. A field whose metadata holds ``"parse"`` (a function of one command-line word)
     reads its words with it; for a list or tuple field it returns the list of values one word gives. With
     ``only_given``, the help shows each default that is not None, written by the field's ``"show"`` function
@@ -196,14 +200,17 @@ def add_flags(
             :func:`given` tells what the user gave.
         list_items: a list or tuple field also takes comma-separated values (``--depths 0 0.5`` or
             ``--depths 0,0.5``), and a repeated flag adds to them.
+        title: the title of the flags' group in the help.
     """
     defaults = _field_defaults(dataclass_type) if only_given else {}
     parsers = {f.name: f.metadata[PARSE] for f in dataclasses.fields(dataclass_type) if PARSE in f.metadata}
     shows = {f.name: f.metadata[SHOW] for f in dataclasses.fields(dataclass_type) if SHOW in f.metadata}
     hints = typing.get_type_hints(dataclass_type)
     choices = {name: found for name, hint in hints.items() if (found := _list_choices(hint))}
-    source = HfArgumentParser(_flag_fields(dataclass_type, exclude), add_help=False)
+    source = HfArgumentParser(_flag_fields(dataclass_type, exclude, title), add_help=False)
     for action in source._actions:
+        # The dashed spelling first: argparse's usage line and messages show it.
+        action.option_strings.sort(key=lambda option: "_" in option)
         if action.type is string_to_bool and action.nargs is None:
             action.nargs, action.const = "?", True
         if only_given:

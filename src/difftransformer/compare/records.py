@@ -7,12 +7,16 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from difftransformer.storage import versions
+
 
 @dataclass
 class RunRecord:
     """One trained model: which variant (its spec, e.g. "diff(subln=none)"), seed and scale, where it lives, and
     what it scored (``suite``: what :func:`difftransformer.eval.suite.run_suite` returned; ``harness``: the
-    lm-evaluation-harness tasks' metrics, ``{"options": ..., "metrics": {task: {metric: value}}}``, when asked)."""
+    lm-evaluation-harness tasks' metrics, ``{"options": ..., "metrics": {task: {metric: value}}}``, when asked);
+    ``reused``: the model was trained by an earlier invocation with the same settings (its provenance.json says
+    which)."""
 
     variant: str
     seed: int
@@ -26,7 +30,22 @@ class RunRecord:
     test_loss: float
     suite: dict
     harness: dict = dataclasses.field(default_factory=dict)
+    reused: bool = False
 
     def to_json(self) -> dict:
         """The record as JSON types (the folder as a string)."""
         return {**dataclasses.asdict(self), "folder": str(self.folder)}
+
+
+def provenance_line(records: list[RunRecord]) -> str:
+    """The report's first line: the versions that made it, and which of its runs an earlier invocation trained."""
+    found = versions()
+    reused = [record for record in records if record.reused]
+    runs = (
+        f"{len(records) - len(reused)} run(s) trained by this invocation, {len(reused)} reused from an earlier one "
+        "with the same settings (each run folder's provenance.json records them)"
+    )
+    return (
+        f"Made with difftransformer {found['difftransformer']}, torch {found['torch']} and transformers "
+        f'{found["transformers"]}; {runs}; the settings are in results.json ("provenance").'
+    )

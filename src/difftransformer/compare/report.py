@@ -23,6 +23,7 @@ from difftransformer.compare.claims import (
 from difftransformer.compare.document import Report, mean_spread
 from difftransformer.compare.gap import gap_curves
 from difftransformer.compare.length_curves import length_section
+from difftransformer.compare.records import provenance_line
 from difftransformer.compare.scaling import fit_power_law, matching_ratio
 from difftransformer.compare.suite_report import suite_sections
 from difftransformer.compare.variants import Variant, baseline_of, parse_variant
@@ -447,6 +448,7 @@ def build_report(
     largest = max(scales, key=lambda s: max((r.parameters, r.tokens) for r in records if r.scale == s))
     names = " vs ".join(v.label for v in variants)
     report = Report(f"{names}: preset {preset.name}")
+    report.paragraph(provenance_line(records))
     claims_section(report, records, variants, largest, by)
     recipe = preset.training
     report.heading("Setup")

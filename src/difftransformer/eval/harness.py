@@ -11,7 +11,11 @@ dependency (``pip install 'difftransformer[lmeval]'``). The harness scores windo
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import os
+import re
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,11 +28,10 @@ LM_EVAL_SUBCOMMANDS = ("run", "ls", "validate")  # lm-eval's own; its legacy for
 
 
 def require_lm_eval() -> None:
-    """Refuse, with an ImportError carrying the install hint, to go on without lm-eval."""
-    try:
-        import lm_eval  # noqa: F401
-    except ImportError as err:
-        raise ImportError(INSTALL_HINT) from err
+    """Refuse, with an ImportError carrying the install hint, to go on without lm-eval (found without importing
+    it: its import takes seconds)."""
+    if importlib.util.find_spec("lm_eval") is None:
+        raise ImportError(INSTALL_HINT)
 
 
 def check_harness(include_path: str | os.PathLike | None, batch_size: int) -> None:
@@ -56,21 +59,135 @@ def lm_eval_argv(argv: Sequence[str]) -> list[str]:
     return args
 
 
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers (a TCP connection to huggingface.co:443 within ``timeout`` seconds);
+    False without trying when ``HF_HUB_OFFLINE`` is set."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return False
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def lm_eval_task_names(include_path: str | os.PathLike | None = None) -> set[str]:
+    """The task, group and tag names lm-eval's YAML files declare on a line of their own (``task: NAME``), under
+    lm-eval's own task folder and ``include_path``: read in about a second, where indexing them as lm-eval's
+    ``TaskManager`` does takes about 20. It misses names declared otherwise (lists of tags, generated names), so a
+    name it does not find is looked up in the full index (:func:`unknown_lm_eval_tasks`)."""
+    package = Path(importlib.util.find_spec("lm_eval").origin).parent
+    roots = [package / "tasks"] + ([Path(include_path)] if include_path else [])
+    names: set[str] = set()
+    for root in roots:
+        for path in root.rglob("*.yaml"):
+            names.update(_DECLARED_NAME.findall(path.read_text(encoding="utf-8", errors="replace")))
+    return names
+
+
+_DECLARED_NAME = re.compile(r"^\s*(?:task|group|tag)\s*:\s*([^\s#'\"]+)\s*$", re.MULTILINE)
+
+
+def unknown_lm_eval_tasks(tasks: Sequence[str], include_path: str | os.PathLike | None = None) -> list[str]:
+    """The names among ``tasks`` that lm-eval knows neither as a task, group or tag (built in or under
+    ``include_path``) nor as a YAML file or folder."""
+    candidates = [task for task in tasks if not Path(task).exists()]
+    quick = lm_eval_task_names(include_path)
+    candidates = [task for task in candidates if task not in quick]
+    if not candidates:
+        return []
+    from lm_eval.tasks import TaskManager
+
+    known = TaskManager(include_path=str(include_path) if include_path else None).all_tasks
+    return [task for task in candidates if task not in known]
+
+
+def _lm_eval_run_options(argv: Sequence[str]) -> dict[str, Any]:
+    """The options of lm-eval's ``run`` that are checked before it starts (the rest are lm-eval's to check)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--model", default="hf")
+    parser.add_argument("--model_args", action="append", nargs="*", default=[])
+    parser.add_argument("--tasks", action="append", nargs="*", default=[])
+    parser.add_argument("--include_path", default=None)
+    known, _ = parser.parse_known_args(list(argv)[1:])
+    return vars(known)
+
+
+def check_lm_eval_run(argv: Sequence[str]) -> None:
+    """Refuse, before lm-eval starts, what would otherwise fail after minutes or with a traceback: a
+    ``pretrained=`` model folder that does not exist (or a hub name while the hub is not reachable), an
+    ``--include_path`` that is not a folder, task names lm-eval does not know. ``argv``: lm-eval's arguments
+    (:func:`lm_eval_argv`)."""
+    options = _lm_eval_run_options(argv)
+    include_path = options["include_path"]
+    if include_path is not None and not Path(include_path).is_dir():
+        raise MissingInputError(f"--include_path: {include_path} is not a folder of task YAML files")
+    model_args = dict(
+        item.split("=", 1)
+        for words in options["model_args"]
+        for word in words
+        for item in word.split(",")
+        if "=" in item
+    )
+    pretrained = model_args.get("pretrained")
+    if options["model"] in ("hf", "hf-auto", "huggingface") and pretrained is not None:
+        path = Path(pretrained).expanduser()
+        if path.exists() and not (path / "config.json").is_file():
+            raise UsageError(
+                f"--model_args pretrained={pretrained}: not a saved model folder (no config.json)"
+            )
+        local = path.is_absolute() or pretrained.startswith((".", "~")) or path.exists()
+        if not path.exists() and (local or not hub_reachable()):
+            where = "" if local else " nor a model on the hub, which is not reachable from here"
+            raise MissingInputError(f"--model_args pretrained={pretrained}: no such model folder{where}")
+    tasks = [task for words in options["tasks"] for word in words for task in word.split(",") if task]
+    if not tasks:
+        return  # lm-eval says what is missing
+    unknown = unknown_lm_eval_tasks(tasks, include_path)
+    if unknown:
+        where = f" (built in or under {include_path})" if include_path else ""
+        raise UsageError(
+            f"--tasks: lm-eval knows no task {', '.join(unknown)}{where}; `lm-eval ls tasks` lists them"
+        )
+
+
 def run_lm_eval_command(argv: Sequence[str]) -> int:
     """Run lm-eval's own command line on ``argv`` as ``difftransformer lm-eval`` forwards it (:func:`lm_eval_argv`)
     and return its exit status (that of its argparse errors and ``--help`` included). An ImportError carrying the
-    install hint when lm-eval is missing."""
+    install hint when lm-eval is missing. What :func:`check_lm_eval_run` refuses is refused before lm-eval starts;
+    when the hub is not reachable, lm-eval runs offline (datasets and models from the local cache only), so a task
+    whose data is not cached fails at once, in one line, instead of after the hub client's retries."""
     require_lm_eval()
+    forwarded = lm_eval_argv(argv)
+    if forwarded and forwarded[0] == "run" and not {"-h", "--help"} & set(forwarded):
+        check_lm_eval_run(forwarded)
+    offline = not hub_reachable()
     from lm_eval.__main__ import cli_evaluate
 
-    saved_argv = sys.argv
-    sys.argv = ["lm-eval", *lm_eval_argv(argv)]
+    offline_switches = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    saved_argv, saved_switches = sys.argv, {name: os.environ.get(name) for name in offline_switches}
+    sys.argv = ["lm-eval", *forwarded]
+    if offline:
+        os.environ.update(dict.fromkeys(offline_switches, "1"))
     try:
         cli_evaluate()
     except SystemExit as done:  # argparse's errors and --help
         return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    except (ConnectionError, OSError) as err:
+        if not offline:
+            raise
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UsageError(
+            f"lm-eval needs data or a model from the hub, which is not reachable from here, and the local cache "
+            f"does not hold it: {first_line}"
+        ) from err
     finally:
         sys.argv = saved_argv
+        for name, value in saved_switches.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     return 0
 
 

@@ -23,6 +23,8 @@ PROVENANCE_JSON = "provenance.json"
 # TrainingArguments fields that say where a run writes and how it reports, not what it trains: two runs that
 # differ only in these trained alike.
 NOT_RESULT_SETTINGS = frozenset({"output_dir", "logging_dir", "run_name", "report_to", "disable_tqdm"})
+# Data options that say where the cache lives and how fast it is filled, not what the data is.
+NOT_DATA_SETTINGS = frozenset({"cache_dir", "num_proc"})
 
 
 def run_settings(
@@ -48,7 +50,9 @@ def run_settings(
             "init_from": os.path.abspath(init_from) if init_from else None,
             "preset": shape,
             "training": {key: value for key, value in options.items() if key not in NOT_RESULT_SETTINGS},
-            "data": dataclasses.asdict(data),
+            "data": {
+                key: value for key, value in dataclasses.asdict(data).items() if key not in NOT_DATA_SETTINGS
+            },
         }
     )
 
