@@ -22,16 +22,6 @@ from difftransformer.train.runner import METRICS_CSV, train_model
 from difftransformer.train.settings import TrainingSettings
 from test_train_support import pack, small_tokenizer, synthetic_texts
 
-BLOCK = 32
-
-
-@pytest.fixture(scope="module")
-def data():
-    texts = synthetic_texts()
-    tokenizer = small_tokenizer(texts)
-    blocks = pack(texts, tokenizer, BLOCK)
-    return tokenizer, blocks[:-8], blocks[-8:]
-
 
 def options(output_dir, **overrides) -> TrainingSettings:
     fields = dict(

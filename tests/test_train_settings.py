@@ -19,17 +19,7 @@ from difftransformer.train import cli as train_cli
 from difftransformer.train.presets import RECIPE, get_preset
 from difftransformer.train.runner import train_model
 from difftransformer.train.settings import tokens_per_step
-from test_train_support import pack, small_tokenizer, synthetic_texts
-
-BLOCK = 32
-
-
-@pytest.fixture(scope="module")
-def data():
-    texts = synthetic_texts()
-    tokenizer = small_tokenizer(texts)
-    blocks = pack(texts, tokenizer, BLOCK)
-    return tokenizer, blocks[:-8], blocks[-8:]
+from test_train_support import BLOCK
 
 
 def parse(*flags: str) -> argparse.Namespace:
