@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from difftransformer.data.mqar import IGNORE_INDEX, MqarSettings, mqar_vocabulary
+from difftransformer.eval.suite import SuiteSettings
 from difftransformer.models import DiffTransformerForCausalLM
 from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.mixture import MixedBlocks
@@ -33,6 +34,12 @@ def test_same_models_as_the_retrieval_preset_on_longer_rows():
     vocabulary = mqar_vocabulary(long.vocab_size)
     MqarSettings(128, None, 1024).check(vocabulary)
     assert min(len(vocabulary.keys), len(vocabulary.values)) >= 128
+    # compare scores mqar on Zoology's grid of lengths by pair counts, up to 4x the trained length.
+    grid = long.evaluation["mqar"]
+    assert grid["lengths"] == [64, 128, 256, 512, 1024] and grid["num_pairs"] == [4, 8, 16, 32, 64, 128]
+    suite = SuiteSettings(tasks=("mqar",), context_length=256, max_positions=1024, light=long.evaluation)
+    assert suite.light_settings("mqar").lengths == grid["lengths"]
+    assert get_preset("retrieval").evaluation == {}
     settings = long.training_settings(output_dir="unused")
     assert settings.per_device_train_batch_size * settings.max_steps * long.block_size > 10_000_000
 

@@ -255,7 +255,11 @@ def run_comparison(
             needles=tuple(tuple(pair) for pair in comparison.needles),
             # A pretrained model (--init-from) keeps its own context; the preset's models take this one.
             max_positions=None if comparison.init_from else scaled.model_config().max_position_embeddings,
-            light={"needle": {"samples": comparison.needle_samples}} if comparison.needle_samples else {},
+            # The preset's own evaluation settings (e.g. mqar's grid of lengths), then --needle-samples.
+            light={
+                **scaled.evaluation,
+                **({"needle": {"samples": comparison.needle_samples}} if comparison.needle_samples else {}),
+            },
         )
         # Refuse settings the held-out text or the tokenizer cannot serve before anything is trained; without
         # --tasks, leave out the tasks that cannot run at this block size and say why.

@@ -49,7 +49,9 @@ class Preset:
     whose magic numbers have ``needle_digits`` digits (also in the retrieval evaluation), ``mqar_fraction`` and
     ``induction_fraction`` (shares of training rows replaced by MQAR rows of ``mqar_pairs`` (lowest, highest)
     key-value pairs and by induction rows, :class:`~difftransformer.train.mixture.RecallMix`). ``training``: the
-    :class:`TrainingSettings` fields this preset sets (all of :data:`RECIPE`, some changed).
+    :class:`TrainingSettings` fields this preset sets (all of :data:`RECIPE`, some changed). ``evaluation``: what
+    ``compare`` changes in its evaluation suite's light settings for this preset's models (task -> option ->
+    value, e.g. mqar's grid of lengths; empty: the tasks' defaults).
     """
 
     name: str
@@ -68,6 +70,7 @@ class Preset:
     max_position_embeddings: int | None = None
     description: str = ""
     training: Mapping[str, Any] = field(default_factory=lambda: dict(RECIPE))
+    evaluation: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def recall(self) -> RecallMix:
@@ -274,6 +277,9 @@ PRESETS: dict[str, Preset] = {
             induction_fraction=0.4,
             mqar_pairs=(8, 64),
             max_position_embeddings=1024,
+            # Zoology's accuracy against sequence length, inside (up to 256 tokens, 8-64 pairs) and beyond the
+            # trained range; attention allocation at every length.
+            evaluation={"mqar": {"lengths": [64, 128, 256, 512, 1024], "num_pairs": [4, 8, 16, 32, 64, 128]}},
             training=_recipe(
                 max_steps=1600,
                 per_device_train_batch_size=32,
