@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code f23e33784de5c8a4; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code df60e42ff7e6fbbe; change the package, not this file.
 """The Differential Transformer's configuration, generated from difftransformer/models/configuration.py."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code f23e33784de5c8a4; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code df60e42ff7e6fbbe; change the package, not this file.
 """The Differential Transformer (DIFF V1, DIFF V2) and its matched softmax Transformer as transformers
 models: every operator, layer and model class they run, generated from the package's sources named below."""
 
@@ -1655,15 +1655,17 @@ def check_mask_shape(
     attention_mask: torch.Tensor, batch_and_queries: torch.Size, cache: Cache | None
 ) -> None:
     """Raise ValueError unless ``attention_mask`` is (B, S) with the queries' and the cache's S keys, or a ready
-    (B or 1, 1, T, S) mask; shapes only, nothing read back."""
+    (B or 1, 1, T, S) mask (S is the kernel's to check: a paged cache's keys are not counted here); shapes only,
+    nothing read back."""
     batch, q_len = batch_and_queries
-    kv_len = cache.get_mask_sizes(q_len, 0)[0] if cache is not None else q_len
     if attention_mask.dim() == 4:
-        if attention_mask.shape[0] not in (1, batch) or tuple(attention_mask.shape[1:]) != (1, q_len, kv_len):
+        if attention_mask.shape[0] not in (1, batch) or tuple(attention_mask.shape[1:3]) != (1, q_len):
             raise ValueError(
-                f"a 4-D attention_mask must be ({batch} or 1, 1, {q_len}, {kv_len}); got {tuple(attention_mask.shape)}"
+                f"a 4-D attention_mask must be ({batch} or 1, 1, {q_len}, keys); got {tuple(attention_mask.shape)}"
             )
-    elif attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] > kv_len:
+        return
+    kv_len = cache.get_mask_sizes(q_len, 0)[0] if cache is not None else q_len
+    if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] > kv_len:
         raise ValueError(
             f"attention_mask must be (batch={batch}, key length <= {kv_len}) of 1 (token) / 0 (padding); got "
             f"{tuple(attention_mask.shape)}"
@@ -1707,12 +1709,12 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
         inputs_embeds: torch.Tensor,
         attention_mask: torch.Tensor | None,
         past_key_values: Cache | None,
-        position_ids: torch.Tensor,
+        position_ids: torch.Tensor | None,
         output_attentions: bool,
     ) -> torch.Tensor | None:
         """The layers' mask, as transformers' ``masking_utils`` builds it for the attention implementation (causal
-        or bidirectional, padding, packed documents, the cache's offsets), or None where the implementation's own
-        causal or full attention is exact."""
+        or bidirectional, padding, packed documents in the given ``position_ids``, the cache's offsets), or None
+        where the implementation's own causal or full attention is exact."""
         config = mask_config(self.config, output_attentions)
         if isinstance(attention_mask, torch.Tensor):
             check_mask_shape(attention_mask, inputs_embeds.shape[:2], past_key_values)
@@ -1777,17 +1779,17 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
         batch, q_len, _ = inputs_embeds.shape
 
+        # The mask before a new cache: an empty cache changes no size, and without one the positions a caller gives
+        # are read for packed documents (restarting positions; ours never restart, so they are not read).
+        mask = self.attention_mask(
+            inputs_embeds, attention_mask, past_key_values, position_ids, output_attentions
+        )
         if position_ids is None:
             if attention_mask is not None and attention_mask.dim() == 2:
                 position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -q_len:]
             else:
                 past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
                 position_ids = torch.arange(past_len, past_len + q_len, device=inputs_embeds.device)[None]
-        # The mask before a new cache: an empty cache changes no size, and without one restarting positions are
-        # read as packed documents.
-        mask = self.attention_mask(
-            inputs_embeds, attention_mask, past_key_values, position_ids, output_attentions
-        )
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
 
@@ -1856,6 +1858,7 @@ class DiffTransformerForCausalLM(DiffTransformerPreTrainedModel, GenerationMixin
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            **kwargs,
         )
         hidden_states = outputs.last_hidden_state
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep

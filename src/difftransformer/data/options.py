@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from difftransformer.data.tokenizer import MIN_VOCAB_SIZE
+from difftransformer.data.tokenizer import MIN_VOCAB_SIZE, TOKENIZER_FILES
 from difftransformer.errors import UsageError, check_seed
 from difftransformer.storage import cache_dir, check_input_dir, check_output_dir
 
@@ -91,10 +91,14 @@ class DataOptions:
         return self.text_field or "text"
 
     def check_locations(self) -> None:
-        """Refuse, before any work, a tokenizer folder that does not exist and a cache folder (given or the
-        default) that cannot be written."""
+        """Refuse, before any work, a tokenizer folder that does not exist or holds no tokenizer, and a cache
+        folder (given or the default) that cannot be written."""
         if self.tokenizer is not None:
-            check_input_dir(self.tokenizer, "tokenizer", "a saved tokenizer")
+            folder = check_input_dir(self.tokenizer, "tokenizer", "a saved tokenizer")
+            if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+                raise UsageError(
+                    f"`tokenizer`: {self.tokenizer!r} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)})"
+                )
         check_output_dir(self.cache_dir or cache_dir(), "cache_dir")
 
 
