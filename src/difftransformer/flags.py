@@ -83,15 +83,15 @@ def _choice(choices: tuple) -> Callable[[str], Any]:
     """An argparse type accepting one of ``choices`` (the values of a ``Literal``), for each item of a list flag
     (argparse's own ``choices`` would compare the whole list of a comma-separated word)."""
 
-    def read(text: str) -> Any:
-        for choice in choices:
-            if text == str(choice):
-                return choice
+    def choice(text: str) -> Any:
+        for value in choices:
+            if text == str(value):
+                return value
         raise argparse.ArgumentTypeError(
             f"invalid choice {text!r} (choose from {', '.join(map(str, choices))})"
         )
 
-    return read
+    return choice
 
 
 def _list_choices(hint: Any) -> tuple | None:

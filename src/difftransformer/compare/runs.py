@@ -206,6 +206,8 @@ def plan_comparison(
                 settings = scaled.training_settings(**{**training, "output_dir": str(folder), "seed": seed})
                 record = run_settings(preset=scaled, training=settings, data=data_options,
                                       attention=variant.spec(), init_from=comparison.init_from)  # fmt: skip
+                if not comparison.init_from:  # the variant's overrides are checked against its config now
+                    variant.config(scaled.model_config(variant.kind))
                 run = PlannedRun(scale, scaled, variant, seed, folder, settings, record)
                 _check_reusable(run, out)
                 runs.append(run)
@@ -255,11 +257,7 @@ def run_comparison(
             needles=tuple(tuple(pair) for pair in comparison.needles),
             # A pretrained model (--init-from) keeps its own context; the preset's models take this one.
             max_positions=None if comparison.init_from else scaled.model_config().max_position_embeddings,
-            # The preset's own evaluation settings (e.g. mqar's grid of lengths), then --needle-samples.
-            light={
-                **scaled.evaluation,
-                **({"needle": {"samples": comparison.needle_samples}} if comparison.needle_samples else {}),
-            },
+            light={"needle": {"samples": comparison.needle_samples}} if comparison.needle_samples else {},
         )
         # Refuse settings the held-out text or the tokenizer cannot serve before anything is trained; without
         # --tasks, leave out the tasks that cannot run at this block size and say why.

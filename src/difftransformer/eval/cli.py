@@ -157,9 +157,13 @@ def run(args: argparse.Namespace) -> int:
     settings.update({name: getattr(run_options, name) for name in SHARED_FIELDS if name in names})
     options = task.Options(**settings)  # checks every value before the model is loaded
     check_model_folder(run_options.model, task.needs_tokenizer)
-    if task.reads_text:
-        text.check_locations()
+    text.check_locations()
     output_dir = check_output_dir(run_options.output(task.name), "output_dir")
+    for name, value in dataclasses.asdict(
+        options
+    ).items():  # a task's own folders to write (a download cache)
+        if name.endswith("_dir") and value is not None:
+            check_output_dir(value, name)
 
     from difftransformer.eval import common
 
