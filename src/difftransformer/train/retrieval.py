@@ -72,7 +72,8 @@ class NeedleRows:
         smallest = min(self.sizer.fixed_tokens([c]) for c in CITIES) + 1
         if block_size < 2 * smallest:
             raise UsageError(
-                f"block_size must be at least {2 * smallest} for retrieval blocks; got {block_size}"
+                f"`block_size` must be at least {2 * smallest} for the needle rows that `needle_fraction` draws "
+                f"in; got {block_size}: give `needle_fraction` 0 to train without them, or a longer `block_size`"
             )
         if len(self.ids) <= block_size:
             raise UsageError(
