@@ -176,7 +176,7 @@ def scaled_presets(
         scales = []
         for tokens in comparison.token_budgets:
             steps = max(1, round(tokens / step_tokens))
-            warmup = min(preset.training["warmup_steps"], max(1, steps // 10))
+            warmup = min(preset.training.warmup_steps, max(1, steps // 10))
             scales.append(
                 (f"t{steps * step_tokens}", preset.with_training(max_steps=steps, warmup_steps=warmup))
             )

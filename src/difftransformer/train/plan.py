@@ -289,7 +289,7 @@ class Plan:
 
 def make_plan(preset: Preset, setup: ParallelSetup, kinds: tuple[str, ...] = PLANNED_KINDS) -> Plan:
     """The plan of a run of ``preset`` (with its training settings) on ``setup``."""
-    batch = preset.training["per_device_train_batch_size"]
+    batch = preset.training.per_device_train_batch_size
     tokens_per_device = preset.block_size * batch
     plans = []
     for kind in kinds:
@@ -314,7 +314,7 @@ def make_plan(preset: Preset, setup: ParallelSetup, kinds: tuple[str, ...] = PLA
         tokens_per_step=step_tokens(
             preset.block_size,
             per_device_batch=batch,
-            accumulation=preset.training["gradient_accumulation_steps"],
+            accumulation=preset.training.gradient_accumulation_steps,
             world_size=setup.world_size,
         ),
         kinds=tuple(plans),

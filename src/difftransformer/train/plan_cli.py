@@ -24,8 +24,8 @@ KIND_NAMES = {"diff": "DIFF", "softmax": "baseline", "diff_v2": "DIFF V2"}
 def format_plan(plan: Plan) -> str:
     """The plan as the ``plan`` command prints it."""
     preset, setup = plan.preset, plan.setup
-    batch = preset.training["per_device_train_batch_size"]
-    accumulation = preset.training["gradient_accumulation_steps"]
+    batch = preset.training.per_device_train_batch_size
+    accumulation = preset.training.gradient_accumulation_steps
     lines = [
         f"preset {preset.name}: {preset.description}",
         f"tokens per optimizer step: {preset.block_size} x {batch} blocks x {accumulation} accumulated x "

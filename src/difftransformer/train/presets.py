@@ -10,7 +10,7 @@ the paper's §2-3), the data recipe (block size, vocabulary, retrieval blocks), 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,22 +19,41 @@ from difftransformer.models import ATTENTION_KINDS, DiffTransformerConfig
 from difftransformer.train.mixture import RecallMix
 from difftransformer.train.settings import TrainingSettings
 
+
+@dataclass(frozen=True)
+class Recipe(Mapping):
+    """The :class:`TrainingSettings` fields a preset sets, typed: its optimizer, schedule and batch. A read-only
+    mapping of field names to values as well (``TrainingSettings(**recipe, output_dir=...)``), so that a name no
+    preset may set is refused when the recipe is made (``dataclasses.replace`` raises a TypeError)."""
+
+    max_steps: int = 1000
+    per_device_train_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 3.2e-4
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    max_grad_norm: float = 1.0
+    lr_scheduler_type: str = "cosine"
+    logging_steps: int = 10
+    eval_steps: int = 100
+    save_steps: int = 500
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.__dataclass_fields__:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.__dataclass_fields__)
+
+    def __len__(self) -> int:
+        return len(self.__dataclass_fields__)
+
+
 # The optimizer and schedule every preset starts from (AdamW, the paper's betas for the small runs, cosine decay).
-RECIPE: Mapping[str, Any] = dict(
-    max_steps=1000,
-    per_device_train_batch_size=8,
-    gradient_accumulation_steps=1,
-    learning_rate=3.2e-4,
-    warmup_steps=100,
-    weight_decay=0.1,
-    adam_beta1=0.9,
-    adam_beta2=0.95,
-    max_grad_norm=1.0,
-    lr_scheduler_type="cosine",
-    logging_steps=10,
-    eval_steps=100,
-    save_steps=500,
-)
+RECIPE = Recipe()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,7 +88,7 @@ class Preset:
     mqar_pairs: tuple[int, int] = (2, 8)
     max_position_embeddings: int | None = None
     description: str = ""
-    training: Mapping[str, Any] = field(default_factory=lambda: dict(RECIPE))
+    training: Recipe = RECIPE
     evaluation: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
@@ -117,8 +136,8 @@ class Preset:
         )
 
     def with_training(self, **overrides: Any) -> Preset:
-        """This preset with ``overrides`` of its training settings."""
-        return dataclasses.replace(self, training={**self.training, **overrides})
+        """This preset with ``overrides`` of its training settings (fields of :class:`Recipe`)."""
+        return dataclasses.replace(self, training=dataclasses.replace(self.training, **overrides))
 
     def training_settings(self, **fields: Any) -> TrainingSettings:
         """The :class:`TrainingSettings` of a run of this preset: its training overrides, then ``fields`` (at
@@ -126,8 +145,8 @@ class Preset:
         return TrainingSettings(**{**self.training, **fields})
 
 
-def _recipe(**changes: Any) -> dict[str, Any]:
-    return {**RECIPE, **changes}
+def _recipe(**changes: Any) -> Recipe:
+    return dataclasses.replace(RECIPE, **changes)
 
 
 def _paper(
