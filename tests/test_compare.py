@@ -121,9 +121,7 @@ def light(light: dict | None = None, **fields) -> suite.SuiteSettings:
     preset = get_preset("micro")
     overrides = {"needle": {"samples": 1}, "quant": {"samples": 1}, **(light or {})}
     fields = {"context_length": preset.block_size, **fields}
-    return suite.SuiteSettings(
-        needle_digits=preset.needle_digits, needles=((1, 1), (2, 2)), light=overrides, **fields
-    )
+    return suite.SuiteSettings(needle=preset.needle, needles=((1, 1), (2, 2)), light=overrides, **fields)
 
 
 def test_suite_runs_every_task_with_numbers_in_range(tmp_path):
@@ -185,7 +183,7 @@ def test_suite_runs_every_task_with_numbers_in_range(tmp_path):
 def test_suite_refuses_bad_tasks_and_short_text():
     assert parse_tasks(" mqar,needle ") == ("needle", "mqar")
     for text, problem in (("needle,bogus", "unknown bogus"), ("needle,needle", "repeated"), ("", "empty")):
-        with pytest.raises(ValueError, match="--tasks must be distinct") as err:
+        with pytest.raises(ValueError, match="`tasks` must be distinct") as err:
             parse_tasks(text)
         assert problem in str(err.value) and "needle, attention, outliers, quant, longctx, icl, mqar" in str(
             err.value
@@ -196,14 +194,14 @@ def test_suite_refuses_bad_tasks_and_short_text():
     tokenizer = small_tokenizer(texts, vocab_size=400)
     short = [texts[0][:200]]
     with pytest.raises(
-        ValueError, match=r"give \d+ tokens; needle needs at least one window of context_length 256"
+        ValueError, match=r"give \d+ tokens; needle needs at least one window of `context_length` 256"
     ):
         suite.suite_options(light(), tokenizer, short)
     # Tasks that read no held-out text do not need any.
     assert list(suite.suite_options(light(tasks=("icl", "mqar")), tokenizer, short)) == ["icl", "mqar"]
     # A block too short for needles: asked for, refused; not asked for (compare's default), left out with why.
     texts = synthetic_texts(count=80)
-    with pytest.raises(ValueError, match=r"--needles 1:1 needs about \d+ tokens .* context length 48"):
+    with pytest.raises(ValueError, match=r"`needles` 1:1 needs about \d+ tokens .* context length 48"):
         suite.suite_options(light(tasks=("needle", "mqar"), context_length=48), tokenizer, texts)
     skipped = {}
     options = suite.suite_options(light(context_length=48), tokenizer, texts, skipped)

@@ -17,10 +17,11 @@ from torch import nn
 from transformers import PreTrainedTokenizerFast
 
 from difftransformer.data import bbc_news
-from difftransformer.data.needles import make_needle_sample
-from difftransformer.eval import icl, longctx, mqar, needle, outliers, quant
-from difftransformer.eval.attention import allocation, attention_maps, run_attention
+from difftransformer.data.needles import NeedleSpec, make_needle_sample
+from difftransformer.eval import haystack, icl, longctx, mqar, needle, outliers, quant
+from difftransformer.eval.attention import AttentionOptions, run_attention
 from difftransformer.eval.common import mean_token_nll
+from difftransformer.eval.maps import allocation, attention_maps
 from difftransformer.storage import read_json, write_json
 
 WORDS = (
@@ -94,14 +95,16 @@ def needle_oracle(text: str) -> str:
 
 def test_needle_oracle_scores_one_and_wrong_model_zero(char_tokenizer, tmp_path):
     texts = generated_text(60)
-    grid = dict(context_lengths=[300], needles=["1:1", "3:2"], depths=[0.0, 0.5, 1.0], samples=2)
+    grid = needle.NeedleOptions(
+        context_lengths=[300], needles=["1:1", "3:2"], depths=[0.0, 0.5, 1.0], samples=2
+    )
     right = needle.run_needle(
         TextOracle(char_tokenizer, needle_oracle),
         char_tokenizer,
         texts,
+        grid,
         output_dir=tmp_path,
         progress=False,
-        **grid,
     )
     assert right["by_config"] == {"1:1": 1.0, "3:2": 1.0}
     assert all(cell["accuracy"] == 1.0 for cell in right["cells"]) and len(right["cells"]) == 6
@@ -113,25 +116,28 @@ def test_needle_oracle_scores_one_and_wrong_model_zero(char_tokenizer, tmp_path)
         return str((int(char) + 1) % 10) if char.isdigit() and re.search(r"is \d{5}$", text) else char
 
     wrong = needle.run_needle(
-        TextOracle(char_tokenizer, off_by_one), char_tokenizer, texts, progress=False, **grid
+        TextOracle(char_tokenizer, off_by_one), char_tokenizer, texts, grid, progress=False
     )
     assert wrong["by_config"] == {"1:1": 0.0, "3:2": 0.0}
 
 
 def test_number_matching():
-    assert needle.number_matches(" 123456.", "123456")
-    assert not needle.number_matches(" 1234567", "123456")
-    assert not needle.number_matches(" none", "123456")
+    assert haystack.number_matches(" 123456.", "123456")
+    assert not haystack.number_matches(" 1234567", "123456")
+    assert not haystack.number_matches(" none", "123456")
 
 
 def test_needle_refuses_contexts_the_model_cannot_take(char_tokenizer):
     model = TextOracle(char_tokenizer, needle_oracle)
     model.config.max_position_embeddings = 256
-    with pytest.raises(ValueError, match="max_position_embeddings"):
-        needle.run_needle(model, char_tokenizer, generated_text(40), context_lengths=[512], progress=False)
-    with pytest.raises(ValueError, match="needs about"):
-        needle.run_needle(model, char_tokenizer, generated_text(40), context_lengths=[200],
-                          needles=["6:2"], progress=False)  # fmt: skip
+    with pytest.raises(
+        ValueError, match="`context_lengths`: 512 tokens exceeds the model's max_position_embeddings"
+    ):
+        needle.run_needle(model, char_tokenizer, generated_text(40), needle.NeedleOptions(context_lengths=[512]),
+                          progress=False)  # fmt: skip
+    with pytest.raises(ValueError, match="`needles` 6:2 needs about"):
+        needle.run_needle(model, char_tokenizer, generated_text(40),
+                          needle.NeedleOptions(context_lengths=[200], needles=["6:2"]), progress=False)  # fmt: skip
 
 
 # --- attention allocation -----------------------------------------------------------------------
@@ -183,16 +189,19 @@ class PlantedAttention(nn.Module):
 @pytest.mark.parametrize("digits", [6, 3])
 def test_attention_allocation_end_to_end_on_planted_models(char_tokenizer, digits):
     texts = generated_text(40)
-    kwargs = dict(
+    options = AttentionOptions(
         context_lengths=[300], needles=["1:1"], depths=[0.5], samples=1, needle_digits=digits, seed=7,
-        progress=False,
     )  # fmt: skip
-    focused = run_attention(PlantedAttention(char_tokenizer, "needle"), char_tokenizer, texts, **kwargs)
+    focused = run_attention(
+        PlantedAttention(char_tokenizer, "needle"), char_tokenizer, texts, options, progress=False
+    )
     entry = focused["by_depth"][0]
     assert entry["answer"] == pytest.approx(1.0) and entry["context"] == pytest.approx(0.0)
-    uniform = run_attention(PlantedAttention(char_tokenizer, "uniform"), char_tokenizer, texts, **kwargs)
-    sample = make_needle_sample(char_tokenizer, texts, context_tokens=300, num_needles=1, num_queries=1,
-                                       depth=0.5, rng=np.random.default_rng(7), number_digits=digits)  # fmt: skip
+    uniform = run_attention(
+        PlantedAttention(char_tokenizer, "uniform"), char_tokenizer, texts, options, progress=False
+    )
+    sample = make_needle_sample(char_tokenizer, texts, context_tokens=300, num_needles=1, num_queries=1, depth=0.5,
+                                rng=np.random.default_rng(7), spec=NeedleSpec(needle_digits=digits))  # fmt: skip
     # Character tokens: the answer is a space and the digits, so the expected shares use the right digit count.
     assert len(sample.answer_ids[0]) == 1 + digits
     span = sample.answer_span[1] - sample.answer_span[0]
@@ -359,7 +368,8 @@ def test_quant_loss_on_a_real_model(family):
     plain = mean_token_nll(
         model, torch.tensor(ids[:128]).view(4, 32), batch_size=1
     )  # the model's own attention path
-    result = quant.run_quant(model, None, ids, bits=[16, 2], length=32, num_sequences=4, progress=False)
+    options = quant.QuantOptions(bits=[16, 2], length=32, num_sequences=4)
+    result = quant.run_quant(model, None, ids, None, options, progress=False)
     reference, sixteen, two = (r["loss"] for r in result["rows"])
     assert reference == pytest.approx(plain, abs=1e-5)  # the hooked path computes the same function
     assert sixteen == pytest.approx(reference, abs=1e-4)
@@ -385,13 +395,12 @@ class CycleModel(nn.Module):
 
 def test_longctx_nll_known_exactly(tmp_path):
     cycle = [i % 11 for i in range(600)]
-    result = longctx.run_longctx(
-        CycleModel(), cycle, length=100, num_sequences=5, output_dir=tmp_path, progress=False
-    )
+    options = longctx.LongctxOptions(length=100, num_sequences=5)
+    result = longctx.run_longctx(CycleModel(), cycle, options, output_dir=tmp_path, progress=False)
     assert result["nll"] == pytest.approx([-math.log(0.9)] * 99, rel=1e-5)
     assert result["cumulative_nll"][-1] == pytest.approx(-math.log(0.9), rel=1e-5)
     broken = [0] * 600  # every prediction wrong
-    result = longctx.run_longctx(CycleModel(), broken, length=100, num_sequences=5, progress=False)
+    result = longctx.run_longctx(CycleModel(), broken, options, progress=False)
     assert result["mean_nll"] == pytest.approx(-math.log(0.01), rel=1e-5)
     assert (tmp_path / "longctx.png").exists() and read_json(tmp_path / "longctx.json")["length"] == 100
 
@@ -403,10 +412,10 @@ def test_cumulative_average():
 
 
 def test_longctx_refuses_too_long():
-    with pytest.raises(ValueError, match="max_position_embeddings"):
-        longctx.run_longctx(CycleModel(), list(range(10**4)), length=5000, num_sequences=1, progress=False)
-    with pytest.raises(ValueError, match="tokens"):
-        longctx.run_longctx(CycleModel(), list(range(100)), length=64, num_sequences=2, progress=False)
+    with pytest.raises(ValueError, match="`length`: 5000 tokens exceeds the model's max_position_embeddings"):
+        longctx.run_longctx(CycleModel(), list(range(10**4)), longctx.LongctxOptions(5000, 1), progress=False)
+    with pytest.raises(ValueError, match=r"100 tokens; `num_sequences` 2 x `length` 64 = 128 are needed"):
+        longctx.run_longctx(CycleModel(), list(range(100)), longctx.LongctxOptions(64, 2), progress=False)
 
 
 # --- in-context learning ------------------------------------------------------------------------
@@ -434,14 +443,15 @@ class LabelOracle(nn.Module):
 def test_icl_oracle_and_wrong_model(char_tokenizer, tmp_path):
     data = icl.synthetic_task(size=60, num_classes=3, words=4)
     truth = dict(zip(data.texts, data.targets))
-    right = icl.run_icl(LabelOracle(char_tokenizer, truth), char_tokenizer, data, shots=[0, 2, 4], test_size=12,
-                        orderings=3, output_dir=tmp_path, progress=False)  # fmt: skip
+    right = icl.run_icl(LabelOracle(char_tokenizer, truth), char_tokenizer, data,
+                        icl.IclOptions(shots=[0, 2, 4], test_size=12, orderings=3), output_dir=tmp_path,
+                        progress=False)  # fmt: skip
     assert [c["accuracy"] for c in right["curve"]] == [1.0, 1.0, 1.0]
     assert right["order_robustness"]["random"]["spread"] == 0.0
     assert right["order_robustness"]["grouped"]["accuracies"] == [1.0] * 3
     assert (tmp_path / "icl.png").exists()
-    wrong = icl.run_icl(LabelOracle(char_tokenizer, truth, right=False), char_tokenizer, data, shots=[2],
-                        test_size=12, order_shots=0, progress=False)  # fmt: skip
+    wrong = icl.run_icl(LabelOracle(char_tokenizer, truth, right=False), char_tokenizer, data,
+                        icl.IclOptions(shots=[2], test_size=12, order_shots=0), progress=False)  # fmt: skip
     assert wrong["curve"][0]["accuracy"] == 0.0 and wrong["order_robustness"] == {}
 
 
@@ -457,8 +467,8 @@ def test_icl_refuses_prompts_longer_than_the_model(char_tokenizer):
     data = icl.synthetic_task(size=60, num_classes=3)
     model = LabelOracle(char_tokenizer, {})
     model.config.max_position_embeddings = 200
-    with pytest.raises(ValueError, match="--shots 8"):
-        icl.run_icl(model, char_tokenizer, data, shots=[8], test_size=5, progress=False)
+    with pytest.raises(ValueError, match="`shots` 8"):
+        icl.run_icl(model, char_tokenizer, data, icl.IclOptions(shots=[8], test_size=5), progress=False)
 
 
 def test_labelled_files(tmp_path):
@@ -561,9 +571,10 @@ def test_mqar_allocation_reads_the_queried_pair(monkeypatch):
 
     monkeypatch.setattr(mqar, "attention_maps", planted)
     shares = mqar.mqar_allocation(nn.Linear(1, 1), batch)
-    asks_first = (batch.pair_positions == 0).mean()
-    assert shares["answer"] == pytest.approx(0.5 + 0.5 * asks_first)
-    assert shares["context"] == pytest.approx(0.5 * (1 - asks_first))
+    asks_first = (batch.pair_positions == 0).flatten().tolist()  # then the first token is the pair's own key
+    assert shares["answer"] == pytest.approx([1.0 if first else 0.5 for first in asks_first])
+    assert shares["context"] == pytest.approx([0.0 if first else 0.5 for first in asks_first])
+    assert 0 < sum(asks_first) < len(asks_first)  # both kinds of query are read
 
 
 # --- results files ------------------------------------------------------------------------------

@@ -7,7 +7,9 @@ import argparse
 import pytest
 
 from difftransformer.cli import main
+from difftransformer.data.needles import NeedleSpec
 from difftransformer.eval import longctx, mqar, needle
+from difftransformer.eval.haystack import needle_tokens
 from difftransformer.eval.registry import TASKS
 from difftransformer.flags import add_flags, given
 from difftransformer.storage import read_json
@@ -44,30 +46,33 @@ def test_mqar_options_round_trip_through_their_flags():
         mqar.MqarOptions(**parse(mqar.MqarOptions, "--num-pairs", "4,0"))
 
 
-def test_needle_options_check_their_flags_and_run_keywords():
+def test_needle_options_check_their_flags_and_the_needle_spec_they_carry():
     assert parse(needle.NeedleOptions, "--needles", "1:1", "4:2", "--needle-digits", "3") == {
         "needles": ["1:1", "4:2"],
         "needle_digits": 3,
     }
     for settings, message in (
         ({"needles": ["2:3"]}, "1 <= R <= N"),
+        ({"needles": ["99:1"]}, "`needles`: N=99 exceeds the 60 cities"),
+        ({"needle_digits": 19}, r"`needle_digits` must lie in \[1, 18\]"),
+        ({"samples": 10**7}, "`samples` must be <= 1000000"),
+        ({"seed": -1}, r"`seed` must lie in \[0, 2\*\*32 - 1\]; got -1"),
+        ({"seed": 2**32}, r"`seed` must lie in \[0, 2\*\*32 - 1\]; got 4294967296"),
+        ({"depths": [0.5, 0.5]}, "`depths` must hold distinct values"),
         ({"depths": [1.5]}, r"`depths` must lie in \[0, 1\]"),
         ({"needle_template": "no fields"}, "`needle_template` must contain {city}"),
         ({"context_lengths": []}, "`context_lengths` must hold at least one value"),
     ):
         with pytest.raises(ValueError, match=message):
             needle.NeedleOptions(**settings)
-    with pytest.raises(ValueError, match="NeedleOptions has no setting number_digits; its settings are"):
-        needle.run_needle(None, None, [], number_digits=3)
+    options = needle.NeedleOptions(needle_digits=3, needle_template="{city}: {number}.")
+    assert options.needle_spec == NeedleSpec(3, "{city}: {number}.", NeedleSpec().question_template)
 
 
 class Sized:
     """A stand-in model whose config admits 256 positions."""
 
     config = argparse.Namespace(max_position_embeddings=256)
-
-
-TEMPLATES = (needle.NEEDLE_TEMPLATE, needle.QUESTION_TEMPLATE)
 
 
 def test_defaults_are_fitted_to_the_model_and_given_lengths_are_not(char_tokenizer):  # noqa: F811
@@ -78,9 +83,7 @@ def test_defaults_are_fitted_to_the_model_and_given_lengths_are_not(char_tokeniz
     given = needle.NeedleOptions(context_lengths=[1024])
     assert task.fit(given, model, None, frozenset({"context_lengths", "needles"})) is given
     # N:R pairs not given are kept where their needles and question fit the shortest length.
-    tokens = {
-        pairs: needle.needle_tokens(char_tokenizer, *pairs, *TEMPLATES, 6) for pairs in ((1, 1), (4, 2))
-    }
+    tokens = {pairs: needle_tokens(char_tokenizer, *pairs, NeedleSpec()) for pairs in ((1, 1), (4, 2))}
     fitted = task.fit(
         needle.NeedleOptions(context_lengths=[tokens[1, 1]]), model, char_tokenizer, frozenset()
     )

@@ -96,7 +96,7 @@ def test_bad_input_is_refused_before_work(checkpoints, tmp_path, capsys):
         (["needle", "--model", str(paths["llama"]), "--needles", "2:3"], "1 <= R <= N"),
         (
             ["attention", "--model", str(paths["llama"]), "--needle-digits", "0"],
-            "--needle-digits must be >= 1; got 0",
+            "--needle-digits must lie in [1, 18] (a magic number is drawn as a 64-bit integer); got 0",
         ),
         (["longctx", "--model", str(tmp_path)], "config.json"),
         (["outliers", "--model", str(paths["llama"]), "--length", "1000"], "max_position_embeddings"),

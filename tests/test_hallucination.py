@@ -14,8 +14,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from difftransformer import DiffTransformerConfig, DiffTransformerForCausalLM
 from difftransformer.cli import main
+from difftransformer.data.needles import NeedleSpec
 from difftransformer.data.tokenizer import train_tokenizer
 from difftransformer.eval import hallucination as H
+from difftransformer.eval.generation import greedy_generator, greedy_ids, prompt_tokens
 from difftransformer.eval.hallucination.judges import (
     NO_WORDS,
     YES_WORDS,
@@ -82,13 +84,13 @@ def test_items_are_seeded_and_each_cell_is_independent_of_the_others():
 
 
 def test_bad_qa_settings_are_refused_with_the_setting_named():
-    with pytest.raises(ValueError, match="depths must be"):
+    with pytest.raises(ValueError, match="`depths` must be"):
         make_qa_items(0, depths=[1.5], distractors=[1], samples=1)
-    with pytest.raises(ValueError, match=r"distractors must be .* \[0, 15\]"):
+    with pytest.raises(ValueError, match=r"`distractors` must be .* \[0, 15\]"):
         make_qa_items(0, depths=[0.0], distractors=[max_distractors(tuple(ATTRIBUTES)) + 1], samples=1)
-    with pytest.raises(ValueError, match="attributes must be distinct names"):
+    with pytest.raises(ValueError, match="`attributes` must be distinct names"):
         make_qa_items(0, depths=[0.0], distractors=[1], samples=1, attributes=["city", "shoe"])
-    with pytest.raises(ValueError, match="samples must be >= 1"):
+    with pytest.raises(ValueError, match="`samples` must be >= 1"):
         make_qa_items(0, depths=[0.0], distractors=[1], samples=0)
 
 
@@ -360,7 +362,7 @@ def test_a_tiny_random_judge_model_runs_end_to_end(tokenizer, tmp_path, chat):
 
 
 def test_a_judge_must_be_entities_or_a_model_directory(tmp_path):
-    with pytest.raises(ValueError, match="--judge must be 'entities' or a local model directory"):
+    with pytest.raises(ValueError, match="`judge` must be 'entities' or a local model directory"):
         load_judge(str(tmp_path / "missing"))
     assert isinstance(load_judge("entities"), EntityJudge)
 
@@ -374,9 +376,17 @@ def test_greedy_generation_is_cut_at_the_first_newline_and_stops_when_done(token
     ids = tokenizer(prompt, return_tensors="pt")
     plain = model.generate(**ids, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     text = tokenizer.decode(plain[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
-    assert H.greedy_generator(model, tokenizer, 12)(prompt) == text.split("\n", 1)[0]
-    one_token = H.greedy_generator(model, tokenizer, 1)(prompt)
-    assert H.greedy_generator(model, tokenizer, 12, done=lambda new: True)(prompt) == one_token
+    assert greedy_generator(model, tokenizer, 12)(prompt) == text.split("\n", 1)[0]
+    one_token = greedy_generator(model, tokenizer, 1)(prompt)
+    assert greedy_generator(model, tokenizer, 12, done=lambda new: True)(prompt) == one_token
+    # The same tokens as transformers' greedy generate, EOS and all, on a DIFF model too.
+    diff = tiny_diff(tokenizer)
+    plain = diff.generate(**ids, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    prompt_ids = ids["input_ids"][0].tolist()
+    assert (
+        greedy_ids(diff, prompt_ids, 12, eos_token_id=tokenizer.eos_token_id)
+        == plain[0, len(prompt_ids) :].tolist()
+    )
 
 
 def test_summaries_are_judged_and_documents_cut_to_fit(tokenizer):
@@ -384,9 +394,9 @@ def test_summaries_are_judged_and_documents_cut_to_fit(tokenizer):
     fitted = H.fit_document(
         tokenizer, documents[1], words=1000, template=H.SUMMARY_TEMPLATE, context_length=64, max_new_tokens=8
     )
-    length = H.prompt_tokens(tokenizer, H.SUMMARY_TEMPLATE.format(document=fitted))
+    length = prompt_tokens(tokenizer, H.SUMMARY_TEMPLATE.format(document=fitted))
     longer = H.cut_words(documents[1], len(fitted.split()) + 1)
-    assert length + 8 <= 64 < H.prompt_tokens(tokenizer, H.SUMMARY_TEMPLATE.format(document=longer)) + 8
+    assert length + 8 <= 64 < prompt_tokens(tokenizer, H.SUMMARY_TEMPLATE.format(document=longer)) + 8
     result = H.evaluate_summaries(documents, lambda prompt: " US oil fell 6% in Paris", EntityJudge())
     assert [o["unsupported"] for o in result["outputs"]] == [["Paris"], ["US", "6", "Paris"]]
     assert (
@@ -398,25 +408,36 @@ def test_summaries_are_judged_and_documents_cut_to_fit(tokenizer):
 
 def test_prompts_too_long_for_the_model_are_refused_before_generating(tokenizer):
     model = tiny_diff(tokenizer, max_positions=64)
-    with pytest.raises(ValueError, match="--distractors"):
-        H.run_hallucination(model, tokenizer, families=["qa"], distractors=[7], samples=1, progress=False)
-    with pytest.raises(ValueError, match="--article-words"):
-        H.run_hallucination(model, tokenizer, families=["summary"], texts=[SOURCE * 3], progress=False)
-    with pytest.raises(ValueError, match="--families"):
-        H.run_hallucination(model, tokenizer, families=["qa", "poems"], progress=False)
+    qa = H.HallucinationOptions(families=["qa"], distractors=[7], samples=1)
+    with pytest.raises(
+        ValueError, match=r"the longest QA prompt \(\d+ tokens with `distractors` 7\) and `qa_max"
+    ):
+        H.run_hallucination(model, tokenizer, qa, progress=False)
+    # A token budget alone beyond the context names its own field (it named `distractors` once).
+    budget = H.HallucinationOptions(families=["qa"], distractors=[0], samples=1, qa_max_new_tokens=100_000)
+    with pytest.raises(
+        ValueError, match="`qa_max_new_tokens` 100000: .* exceeds the model's max_position_emb"
+    ):
+        H.run_hallucination(model, tokenizer, budget, progress=False)
+    summary = H.HallucinationOptions(families=["summary"])
+    with pytest.raises(ValueError, match=r"`article_words` 300\) and `summary_max_new_tokens` 64"):
+        H.run_hallucination(model, tokenizer, summary, texts=[SOURCE * 3], progress=False)
+    with pytest.raises(ValueError, match="`families` must be distinct names"):
+        H.HallucinationOptions(families=["qa", "poems"])
+    with pytest.raises(ValueError, match="`judge_dtype` must be a torch dtype name"):
+        H.HallucinationOptions(judge_dtype="float33")
 
 
 def test_light_options_fit_the_context_and_run_on_held_out_texts(tokenizer, tmp_path):
     light = H.TASK.light_settings(distractors=(1, 3, 15), documents="held_out", summaries=2, samples=1)
     items = make_qa_items(5, depths=light.depths, distractors=[3], samples=1, attributes=light.attributes)
     longest = max(
-        H.prompt_tokens(tokenizer, QA_TEMPLATE.format(document=i.document, question=i.question))
-        for i in items
+        prompt_tokens(tokenizer, QA_TEMPLATE.format(document=i.document, question=i.question)) for i in items
     )
     context = longest + light.qa_max_new_tokens  # 3 distractors just fit, 15 cannot
     suite = SuiteContext(
         context_length=context,
-        needle_digits=3,
+        needle=NeedleSpec(needle_digits=3),
         needles=((1, 1),),
         seed=5,
         tokenizer=tokenizer,
@@ -517,10 +538,13 @@ def test_the_cli_is_seeded_and_checks_its_flags_first(checkpoints, tmp_path, cap
     base = ["eval", "hallucination", "--model", str(paths["llama"]), "--output-dir", str(tmp_path / "c")]
     for flags, message in (
         (["--judge", str(tmp_path)], "--judge must be 'entities' or a local model directory"),
+        (["--judge-dtype", "float33"], "--judge-dtype must be a torch dtype name"),
+        (["--seed", "-1"], "--seed must lie in [0, 2**32 - 1]"),
+        (["--qa-max-new-tokens", "100000"], "--qa-max-new-tokens 100000: "),
         (["--qa-template", "{document} Q:"], "--qa-template must contain {question}"),
         (["--documents", str(tmp_path / "none.txt")], "does not exist"),
         (["--summaries", "0"], "--summaries must be >= 1"),
-        (["--families", "qa", "--depths", "2"], "depths must be"),
+        (["--families", "qa", "--depths", "2"], "--depths must be"),
     ):
         assert main(base + flags) == 2
         assert message in capsys.readouterr().err

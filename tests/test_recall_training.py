@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from difftransformer.data.mqar import IGNORE_INDEX, mqar_vocabulary
+from difftransformer.data.needles import NeedleSpec
 from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.mixture import Blocks, MixedBlocks, RecallMix
 from difftransformer.train.presets import RECIPE, get_preset
@@ -89,7 +90,7 @@ def test_needle_rows_are_drawn_lazily_from_the_training_text():
         MixedBlocks(blocks, RecallMix(needle_fraction=0.5), len(tokenizer))
     data = MixedBlocks(
         blocks, RecallMix(needle_fraction=0.5), len(tokenizer), seed=2,
-        needles=NeedleRows(blocks.reshape(-1), tokenizer, 256, number_digits=3),
+        needles=NeedleRows(blocks.reshape(-1), tokenizer, 256, needle=NeedleSpec(needle_digits=3)),
     )  # fmt: skip
     needle_rows = [i for i in range(len(data)) if data.kind(i) == "needle"]
     assert needle_rows and len(needle_rows) < len(data)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
+from difftransformer.data.needles import NeedleSpec
 from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.checkpoints import COMPLETE_MARKER, checkpoint_problem, last_good_checkpoint
 from difftransformer.train.lock import RunDirectoryLocked, RunLock
@@ -221,7 +222,7 @@ def test_retrieval_blocks_answer_every_needle_with_its_own_number():
     texts = synthetic_texts(count=40)
     tokenizer = small_tokenizer(texts, vocab_size=400)
     stream = pack(texts, tokenizer, 64).flatten()
-    needles = NeedleRows(stream, tokenizer, 256, number_digits=3)
+    needles = NeedleRows(stream, tokenizer, 256, needle=NeedleSpec(needle_digits=3))
     rng = np.random.default_rng(7)
     blocks = torch.tensor([needles.row(rng) for _ in range(12)])
     assert blocks.shape == (12, 256)

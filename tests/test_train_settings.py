@@ -181,4 +181,4 @@ def test_data_is_prepared_with_the_seed_flag(command, tmp_path, monkeypatch):
 
     monkeypatch.setattr("difftransformer.train.pipeline.prepare_data", stop)
     assert main([command, "--output-dir", str(tmp_path), "--seed", "7", "--preset", "micro"]) == 2
-    assert seen["seed"] == 7 and seen["needle_digits"] == get_preset("micro").needle_digits
+    assert seen["seed"] == 7 and seen["needle"] == get_preset("micro").needle

@@ -13,18 +13,14 @@ from typing import TYPE_CHECKING
 
 from difftransformer.compare.scaling import fit_power_law, matching_ratio
 from difftransformer.compare.verdict import AT_CHANCE, Verdict, judge
-from difftransformer.eval.mqar import PAPER_RETRIEVAL
-from difftransformer.eval.registry import TASKS, get_task
+from difftransformer.eval import paper
+from difftransformer.eval.registry import get_task, task_names
 from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.recall import RECALL_THRESHOLD, steps_to_recall
 from difftransformer.train.runner import METRICS_CSV
 
 if TYPE_CHECKING:
     from difftransformer.compare.records import RunRecord
-
-PAPER_LOSS = "DIFF 3.062 vs Transformer 3.087 validation loss (1.4B models, 10B tokens); lower at 830M-13.1B"
-PAPER_PARAMETERS = "62.2%: a 6.8B DIFF matches an 11B Transformer (830M-13.1B models, 10B tokens each)"
-PAPER_TOKENS = "63.7%: DIFF at 160B tokens matches the Transformer at 251B (3B models)"
 
 
 @dataclass(frozen=True)
@@ -58,7 +54,7 @@ class Judgement:
 
 
 LOSS_CLAIM = Claim(
-    "language-modelling loss at equal parameters and tokens (test loss)", PAPER_LOSS, False, 3,
+    "language-modelling loss at equal parameters and tokens (test loss)", paper.LOSS, False, 3,
     lambda record: record.test_loss,
 )  # fmt: skip
 
@@ -81,7 +77,7 @@ def recall_steps(record: RunRecord) -> float | None:
 
 RECALL_STEPS_CLAIM = Claim(
     f"training steps until MQAR accuracy {RECALL_THRESHOLD} (4 pairs at the block length; never reached: the "
-    "run's length)", PAPER_RETRIEVAL, False, 0, recall_steps,
+    "run's length)", paper.RETRIEVAL, False, 0, recall_steps,
     at_chance=lambda record: steps_to_recall(*_recall_curve(record)) is None,
     chance=f"no run reached {RECALL_THRESHOLD}",
 )  # fmt: skip
@@ -98,7 +94,7 @@ def task_claims(records: Sequence[RunRecord], with_paper_only: bool = True) -> l
     has."""
     claims = []
     first = records[0].suite["summary"]
-    for name in TASKS:
+    for name in task_names():
         if not all(name in record.suite["summary"] for record in records):
             continue
         for measure in get_task(name).measures(first[name]):

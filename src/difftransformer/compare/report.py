@@ -10,8 +10,6 @@ from typing import TYPE_CHECKING
 
 from difftransformer.compare.claims import (
     LOSS_CLAIM,
-    PAPER_PARAMETERS,
-    PAPER_TOKENS,
     Claim,
     Judgement,
     judge_claim,
@@ -28,6 +26,7 @@ from difftransformer.compare.scaling import fit_power_law, matching_ratio
 from difftransformer.compare.suite_report import suite_sections
 from difftransformer.compare.variants import Variant, baseline_of, parse_variant
 from difftransformer.compare.verdict import AT_CHANCE, RULE
+from difftransformer.eval import paper
 from difftransformer.plotting import pyplot, save_figure
 from difftransformer.stats import mean, spread
 from difftransformer.train.callbacks import column, read_metrics
@@ -131,7 +130,7 @@ def _scaling_row(
     records: Sequence[RunRecord], others: Sequence[Variant], baseline: Variant, by: str
 ) -> list[str]:
     name = f"{by} DIFF needs for the baseline's loss (share, power-law fits per seed)"
-    row = [name, PAPER_PARAMETERS if by == "parameters" else PAPER_TOKENS]
+    row = [name, paper.PARAMETERS if by == "parameters" else paper.TOKENS]
     for variant in others:
         judgement = judge_ratio(matching_ratios(records, variant.spec(), baseline.spec(), by))
         row += (
@@ -317,12 +316,6 @@ def gap_section(
     report.image("gap_curves.png", "validation-loss gap to the baseline against training tokens")
 
 
-PAPER_HARNESS = (
-    "The paper's zero-shot table (3B models, 350B tokens, LM Evaluation Harness): average 56.2 (DIFF) vs 55.4 "
-    "(Transformer); HellaSwag 66.2 vs 63.4."
-)
-
-
 def harness_section(
     report: Report, records: Sequence[RunRecord], variants: Sequence[Variant], out: Path
 ) -> None:
@@ -356,7 +349,7 @@ def harness_section(
     report.paragraph(
         f"lm-evaluation-harness tasks {', '.join(options['tasks'])} on every trained model (limit "
         f"{options['limit'] or 'none'}, batch size {options['batch_size']}; windows up to the trained block size). "
-        + PAPER_HARNESS
+        + paper.HARNESS
     )
     report.table(
         ["variant", *(f"{task} {metric}" for task, metric in columns)],

@@ -253,7 +253,7 @@ def run_comparison(
         settings = SuiteSettings(
             tasks=comparison.tasks or TASKS,
             context_length=scaled.block_size,
-            needle_digits=scaled.needle_digits,
+            needle=scaled.needle,
             needles=tuple(tuple(pair) for pair in comparison.needles),
             # A pretrained model (--init-from) keeps its own context; the preset's models take this one.
             max_positions=None if comparison.init_from else scaled.model_config().max_position_embeddings,

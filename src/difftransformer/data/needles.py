@@ -1,5 +1,6 @@
 """Multi-needle retrieval samples (paper §3.4): the generator that training (retrieval blocks mixed into the
-data) and evaluation (the needle, attention and quant tasks) share.
+data) and evaluation (the needle, attention and quant tasks) share, and :class:`NeedleSpec`, what a needle is,
+passed as one object by both.
 
 A needle is a short sentence giving a city a magic number. N needles go into a haystack of ordinary text;
 R of the cities are queried. The answer needle (the first queried city) sits at a chosen depth of the
@@ -27,6 +28,61 @@ CITIES: tuple[str, ...] = (
 
 NEEDLE_TEMPLATE = " The magic number of {city} is {number}. "
 QUESTION_TEMPLATE = "\nWhat are the magic numbers of {cities}?\nThe magic number of {city} is"
+
+
+# The widest magic number a NumPy int64 draw holds (10**19 overflows it).
+MAX_DIGITS = 18
+
+
+@dataclass(frozen=True)
+class NeedleSpec:
+    """What a needle is, declared once for training, evaluation and compare: magic numbers of ``needle_digits``
+    digits (no leading zero), hidden by ``needle_template`` (with {city} and {number}) and asked for by
+    ``question_template`` (with {cities}, every queried city comma-joined, and {city}, the one whose number a prompt
+    asks for, ending in the answer prefix). The field names are the flags that set them (``--needle-digits``); the
+    evaluation tasks' options inherit them."""
+
+    needle_digits: int = field(
+        default=6,
+        metadata={
+            "help": f"digits of the magic numbers, 1 to {MAX_DIGITS} (models from `compare "
+            "--preset tiny` were trained on 3)"
+        },  # fmt: skip
+    )
+    needle_template: str = field(
+        default=NEEDLE_TEMPLATE, metadata={"help": "needle sentence with {city} and {number}"}
+    )
+    question_template: str = field(
+        default=QUESTION_TEMPLATE,
+        metadata={"help": "question with {cities} and {city}, ending in the answer prefix"},
+    )
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.needle_digits <= MAX_DIGITS:
+            raise UsageError(
+                f"`needle_digits` must lie in [1, {MAX_DIGITS}] (a magic number is drawn as a 64-bit integer); "
+                f"got {self.needle_digits}"
+            )
+        for name, fields in (("needle_template", ("{city}", "{number}")), ("question_template", ("{city}",))):
+            missing = [f for f in fields if f not in getattr(self, name)]
+            if missing:
+                raise UsageError(f"`{name}` must contain {', '.join(missing)}; got {getattr(self, name)!r}")
+
+    @property
+    def needle_spec(self) -> NeedleSpec:
+        """The spec alone (an evaluation task's options inherit these fields and carry others)."""
+        return NeedleSpec(self.needle_digits, self.needle_template, self.question_template)
+
+    def number(self, rng: np.random.Generator) -> str:
+        """One magic number drawn from ``rng``."""
+        return str(int(rng.integers(10 ** (self.needle_digits - 1), 10**self.needle_digits)))
+
+    def widest_number(self) -> str:
+        """The widest magic number, to budget its tokens (a byte-level BPE splits numbers unevenly)."""
+        return "9" * self.needle_digits
+
+
+DEFAULT_NEEDLE = NeedleSpec()
 
 
 @dataclass
@@ -74,16 +130,14 @@ def make_needle_sample(
     num_queries: int,
     depth: float,
     rng: np.random.Generator,
-    needle_template: str = NEEDLE_TEMPLATE,
-    question_template: str = QUESTION_TEMPLATE,
-    number_digits: int = 6,
+    spec: NeedleSpec = DEFAULT_NEEDLE,
     cities: Sequence[str] = CITIES,
 ) -> NeedleSample:
     """Draw one sample of exactly ``context_tokens`` tokens per prompt (question included).
 
     The haystack is a window of the tokenized ``haystack_texts`` starting at a random offset; the needles
     are spliced in at token boundaries, so spans are exact in the ids the model sees. Cities (distinct)
-    and magic numbers (``number_digits`` digits, no leading zero) are drawn from ``rng`` per sample.
+    and magic numbers (``spec.needle_digits`` digits, no leading zero) are drawn from ``rng`` per sample.
 
     Args:
         tokenizer: a transformers tokenizer (called without special tokens).
@@ -94,9 +148,7 @@ def make_needle_sample(
         num_queries: R, 1 <= R <= N.
         depth: the answer needle's position as a fraction of the haystack, 0 (start) to 1 (end).
         rng: a NumPy generator; the same seed gives the same sample.
-        needle_template: format string with {city} and {number}.
-        question_template: format string with {cities} (all queried cities, comma-joined) and {city}
-            (the one whose number this prompt asks for); it should end in the answer prefix.
+        spec: the magic numbers' digits, the needle sentence and the question.
 
     Raises:
         UsageError: impossible requests (R > N, more needles than cities, needles and question longer
@@ -110,21 +162,19 @@ def make_needle_sample(
         raise UsageError(f"num_needles={num_needles} exceeds the {len(cities)} available cities")
     if not 0.0 <= depth <= 1.0:
         raise UsageError(f"depth must lie in [0, 1]; got {depth}")
-    if number_digits < 1:
-        raise UsageError(f"number_digits must be >= 1; got {number_digits}")
 
     chosen = [cities[i] for i in rng.choice(len(cities), size=num_needles, replace=False)]
-    numbers = [str(int(rng.integers(10 ** (number_digits - 1), 10**number_digits))) for _ in chosen]
+    numbers = [spec.number(rng) for _ in chosen]
     queried = [
         0,
         *sorted(rng.choice(np.arange(1, num_needles), size=num_queries - 1, replace=False).tolist()),
     ]
     needle_ids = [
-        encode(tokenizer, needle_template.format(city=c, number=n)) for c, n in zip(chosen, numbers)
+        encode(tokenizer, spec.needle_template.format(city=c, number=n)) for c, n in zip(chosen, numbers)
     ]
     query_cities = ", ".join(chosen[i] for i in queried)
     question_ids = [
-        encode(tokenizer, question_template.format(cities=query_cities, city=chosen[i])) for i in queried
+        encode(tokenizer, spec.question_template.format(cities=query_cities, city=chosen[i])) for i in queried
     ]
     # Prompts must all have the same context; pad shorter questions by taking a longer haystack.
     longest_question = max(len(q) for q in question_ids)

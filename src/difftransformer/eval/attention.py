@@ -16,6 +16,10 @@ entries with their sign in the numerator and by magnitude in the denominator: a 
 cancels adds negative attention there, and the shares stay comparable across layers whose rows sum to
 different totals (a DIFF row sums to 1 - lambda, a softmax row to 1). For softmax maps |a| = a, so the
 definition is the ordinary share of attention mass. Absolute-value shares are reported alongside.
+
+The task also draws the paper's figure of attention scores for the first prompt it reads (answer needle at the first
+depth): per layer, a DIFF layer's two maps beside their difference, or a softmax layer's map, averaged over heads
+or of one head (:func:`difftransformer.eval.maps.heatmap_panels`).
 """
 
 from __future__ import annotations
@@ -31,136 +35,78 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from difftransformer.data.needles import make_needle_sample
+from difftransformer.data.needles import encode, make_needle_sample
 from difftransformer.errors import UsageError
-from difftransformer.eval.common import is_difftransformer, model_device
-from difftransformer.eval.logits import attention_logits
-from difftransformer.eval.needle import (
-    NeedleOptions,
+from difftransformer.eval import paper
+from difftransformer.eval.common import model_device
+from difftransformer.eval.haystack import (
+    NeedleGrid,
     fit_needle_lengths,
     require_needles_fit,
     validate_needle_run,
 )
-from difftransformer.eval.options import option, with_settings
+from difftransformer.eval.maps import Panels, allocation, attention_maps, heatmap_panels
+from difftransformer.eval.options import at_least, option
 from difftransformer.eval.task import Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.plotting import pyplot, save_figure
 from difftransformer.stats import mean
 from difftransformer.storage import write_json
 
-PAPER_ANSWER_SHARE = "DIFF 0.27-0.40 vs Transformer 0.03-0.09 by depth (3B models, multi-needle retrieval)"
-PAPER_CONTEXT_SHARE = "DIFF 0.01-0.02 vs Transformer 0.49-0.54 by depth (3B models, multi-needle retrieval)"
-
-
-@torch.no_grad()
-def attention_maps(model: nn.Module, input_ids: torch.Tensor) -> list[torch.Tensor]:
-    """Per layer the (B, H, T, S) attention maps; for DIFF models the combined map A1 - lambda A2.
-
-    Ours return the combined map directly. A transformers DiffLlama returns its 2h component maps; they are
-    combined here as head j minus lambda times head j + h (its pairing). Others: their softmax maps.
-    """
-    if is_difftransformer(model):
-        return list(model(input_ids=input_ids, output_attentions=True, use_cache=False).attentions)
-    with attention_logits(model, None):
-        maps = list(model(input_ids=input_ids, output_attentions=True, use_cache=False).attentions)
-    if getattr(model.config, "model_type", "") == "diffllama":
-        modules = [m for m in model.modules() if hasattr(m, "lambda_q1") and hasattr(m, "lambda_init")]
-        combined = []
-        for module, full in zip(modules, maps):
-            lam = (
-                torch.exp(torch.sum(module.lambda_q1 * module.lambda_k1))
-                - torch.exp(torch.sum(module.lambda_q2 * module.lambda_k2))
-                + module.lambda_init
-            )
-            half = full.shape[1] // 2
-            combined.append(full[:, :half].float() - lam.float() * full[:, half:].float())
-        maps = combined
-    if any(m is None for m in maps):
-        raise TypeError(f"{type(model).__name__} returned no attention maps with output_attentions=True")
-    return maps
-
-
-def allocation(
-    maps: Sequence[torch.Tensor], rows: slice, answer_span: tuple[int, int], context_end: int
-) -> dict[str, np.ndarray]:
-    """Per-layer attention shares for one sequence (batch 0).
-
-    Args:
-        maps: per layer (1, H, T, S).
-        rows: the answer-producing query positions.
-        answer_span: [start, end) of the answer needle.
-        context_end: the question starts here.
-
-    Returns:
-        "answer", "context", "answer_abs", "context_abs": arrays of shape (num_layers,), averaged over
-        the rows and heads.
-    """
-    start, end = answer_span
-    out: dict[str, list[float]] = {"answer": [], "context": [], "answer_abs": [], "context_abs": []}
-    for layer_map in maps:
-        a = layer_map[0, :, rows].double()  # (H, rows, S)
-        total = a.abs().sum(-1).clamp_min(1e-30)
-        context = torch.zeros(a.shape[-1], dtype=torch.bool, device=a.device)
-        context[:context_end] = True
-        context[start:end] = False
-        for key, values in (("", a), ("_abs", a.abs())):
-            out["answer" + key].append(float((values[..., start:end].sum(-1) / total).mean()))
-            out["context" + key].append(float((values[..., context].sum(-1) / total).mean()))
-    return {k: np.array(v) for k, v in out.items()}
-
 
 @dataclass(frozen=True)
-class AttentionOptions(NeedleOptions):
-    """attention's settings (``difftransformer eval attention`` flags, :func:`run_attention` keywords): needle's,
-    with exactly one context length and one N:R pair."""
+class AttentionOptions(NeedleGrid):
+    """attention's settings (``difftransformer eval attention`` flags): a grid of needle prompts
+    (:class:`NeedleGrid`) with exactly one context length and one N:R pair, and what to draw."""
 
     needles: list[str] = option(["4:1"], "one N:R pair (N needles, R of them queried; the first is read)")
     samples: int = option(10, "samples per depth")
     per_layer: bool = option(False, "also report shares per layer")
+    heatmaps: bool = option(True, "draw attention_maps.png, the maps of the first prompt, layer by layer "
+                            "(--no-heatmaps skips it)")  # fmt: skip
+    heatmap_head: int | None = option(None, "the head the heatmaps show (unset: the mean over heads)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         for name in ("context_lengths", "needles"):
             if len(getattr(self, name)) != 1:
                 raise UsageError(f"attention takes exactly one `{name}` value; got {getattr(self, name)}")
+        at_least(self, 0, "heatmap_head")
 
 
 def run_attention(
     model: nn.Module,
-    tokenizer,
+    tokenizer: Any,
     haystack_texts: Sequence[str],
-    options: AttentionOptions | None = None,
+    options: AttentionOptions,
     *,
     output_dir=None,
     progress: bool = True,
-    **settings: Any,
 ) -> dict:
-    """Attention shares on the answer needle and on the rest of the context, by depth (paper Table 3).
-
-    ``options``: an :class:`AttentionOptions`, or its fields as keywords; ``needle_digits`` is the digits of the
-    magic numbers (a model trained on 3-digit needles is read on 3-digit ones). Writes attention.json and
-    attention.png (shares against depth)."""
-    options = with_settings(options, AttentionOptions, settings)
+    """Attention shares on the answer needle and on the rest of the context, by depth (paper Table 3), for the
+    prompts of ``options``. Writes attention.json, attention.png (shares against depth) and, unless
+    ``options.heatmaps`` is off, attention_maps.png (the first prompt's maps)."""
     (context_length,), [(num_needles, num_queries)] = options.context_lengths, options.pairs
-    depths, samples, per_layer, seed = options.depths, options.samples, options.per_layer, options.seed
-    stream = tokenizer("\n".join(haystack_texts), add_special_tokens=False)["input_ids"]
+    stream = encode(tokenizer, "\n".join(haystack_texts))
     validate_needle_run(model, tokenizer, len(stream), options)
     # The gold answer's tokens follow the prompt (teacher forcing) as a greedy answer would: like needle's decoding,
     # only the prompt is held to max_position_embeddings (validate_needle_run), so a model trained on blocks of
     # exactly the context length is read at that length.
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(options.seed)
     device = model_device(model)
-    by_depth = []
-    with tqdm(total=len(depths) * samples, desc="attention", unit="sample", disable=not progress) as bar:
-        for depth in depths:
+    by_depth, heatmaps = [], None
+    total = len(options.depths) * options.samples
+    with tqdm(total=total, desc="attention", unit="sample", disable=not progress) as bar:
+        for depth in options.depths:
             collected = []
-            for _ in range(samples):
+            for _ in range(options.samples):
                 sample = make_needle_sample(
                     tokenizer, stream, context_tokens=context_length, num_needles=num_needles,
-                    num_queries=num_queries, depth=depth, rng=rng, needle_template=options.needle_template,
-                    question_template=options.question_template, number_digits=options.needle_digits,
+                    num_queries=num_queries, depth=depth, rng=rng, spec=options.needle_spec,
                 )  # fmt: skip
                 prompt, answer = sample.prompt_ids[0], sample.answer_ids[0]
                 ids = torch.tensor([prompt + answer[:-1]], device=device)
+                if heatmaps is None and options.heatmaps:
+                    heatmaps = heatmap_panels(model, ids, options.heatmap_head)
                 rows = slice(len(prompt) - 1, len(prompt) - 1 + len(answer))
                 maps = attention_maps(model, ids)
                 collected.append(allocation(maps, rows, sample.answer_span, sample.context_end))
@@ -169,16 +115,23 @@ def run_attention(
             for key in collected[0]:
                 layers = np.mean([c[key] for c in collected], axis=0)
                 entry[key] = float(layers.mean())
-                if per_layer:
+                if options.per_layer:
                     entry[key + "_per_layer"] = layers.tolist()
             by_depth.append(entry)
     results = dict(
         task="attention", context_length=context_length, needles=num_needles, queries=num_queries,
-        samples=samples, by_depth=by_depth,
+        samples=options.samples, by_depth=by_depth,
     )  # fmt: skip
     if output_dir is not None:
         write_json(f"{output_dir}/attention.json", results)
         plot_allocation(by_depth, f"{output_dir}/attention.png")
+        if heatmaps is not None:
+            what = "mean over heads" if options.heatmap_head is None else f"head {options.heatmap_head}"
+            plot_heatmaps(
+                heatmaps,
+                f"{output_dir}/attention_maps.png",
+                f"answer needle at depth {options.depths[0]}, {what}",
+            )
     return results
 
 
@@ -194,6 +147,31 @@ def plot_allocation(by_depth: list[dict], path) -> None:
     ax.set_title("attention allocation in retrieval")
     ax.grid(alpha=0.3)
     ax.legend()
+    save_figure(fig, path)
+
+
+def plot_heatmaps(layers: Sequence[Panels], path, subtitle: str) -> None:
+    """One row of heatmaps per layer (query position down, key position across): a DIFF layer's two maps on one
+    colour scale from 0 and their difference on a scale centred on 0 (its negative entries are the cancelling),
+    or a softmax layer's map."""
+    plt = pyplot()
+    columns = max(len(panels) for panels in layers)
+    fig, axes = plt.subplots(len(layers), columns, figsize=(3.6 * columns, 3.2 * len(layers)), squeeze=False)
+    for row, panels in enumerate(layers):
+        top = max(float(m.max()) for title, m in panels[:2])
+        for column, (title, values) in enumerate(panels):
+            ax = axes[row][column]
+            if column == 2:  # the difference, signed
+                bound = float(np.abs(values).max()) or 1.0
+                image = ax.imshow(values, cmap="RdBu_r", vmin=-bound, vmax=bound, interpolation="nearest")
+            else:
+                image = ax.imshow(values, cmap="viridis", vmin=0.0, vmax=top or 1.0, interpolation="nearest")
+            ax.set_title(f"layer {row}: {title}", fontsize=9)
+            ax.set(xlabel="key position", ylabel="query position")
+            fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+        for column in range(len(panels), columns):
+            axes[row][column].set_visible(False)
+    fig.suptitle(f"attention maps of one prompt ({subtitle})")
     save_figure(fig, path)
 
 
@@ -213,7 +191,7 @@ class AttentionTask(Task):
 
     def light_options(self, light: AttentionOptions, suite: SuiteContext) -> AttentionOptions:
         options = dataclasses.replace(
-            light, context_lengths=[suite.context_length], needle_digits=suite.needle_digits, seed=suite.seed
+            light, context_lengths=[suite.context_length], seed=suite.seed, **dataclasses.asdict(suite.needle)
         )
         require_needles_fit(suite.tokenizer, options)
         return options
@@ -248,9 +226,9 @@ class AttentionTask(Task):
 
     def measures(self, summary: dict) -> list[Measure]:
         return [
-            Measure("attention on the answer needle", lambda s: s["answer"], True, 3, paper=PAPER_ANSWER_SHARE),
+            Measure("attention on the answer needle", lambda s: s["answer"], True, 3, paper=paper.ANSWER_SHARE),
             Measure("attention on the rest of the context (noise)", lambda s: s["context"], False, 3,
-                    paper=PAPER_CONTEXT_SHARE),
+                    paper=paper.CONTEXT_SHARE),
         ]  # fmt: skip
 
 

@@ -15,11 +15,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from difftransformer.errors import MissingInputError, UsageError
+from difftransformer.errors import MissingInputError, UsageError, check_seed
 
 
 def seed_everything(seed: int) -> np.random.Generator:
-    """Seed Python, NumPy and torch; return a NumPy generator for the task's own draws."""
+    """Seed Python, NumPy and torch; return a NumPy generator for the task's own draws. A seed they cannot all take
+    is refused, naming `seed`."""
+    check_seed(seed)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -33,47 +35,49 @@ def load_model_and_tokenizer(
     device: str = "cpu",
     attn_implementation: str | None = None,
     need_tokenizer: bool = True,
+    what: str = "model",
 ) -> tuple[nn.Module, Any]:
     """Load any local transformers causal LM (ours, a Llama, a DiffLlama) and its tokenizer, in eval mode.
 
     Raises a :class:`~difftransformer.errors.UsageError` naming the path when it is not a checkpoint directory or
-    has no tokenizer, before any weights are read, and one naming the folder when transformers cannot load it.
+    has no tokenizer, before any weights are read, and one naming the folder when transformers cannot load it;
+    ``what`` is the option that named the folder (``model``, a judge's ``judge``), for the messages.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import difftransformer  # noqa: F401  (registers model_type "difftransformer" with the Auto classes)
+    from difftransformer.data.tokenizer import TOKENIZER_FILES
 
     path = Path(path)
     if not (path / "config.json").is_file():
         raise MissingInputError(
-            f"--model must be a checkpoint directory with a config.json; got {str(path)!r}"
+            f"`{what}` must be a checkpoint directory with a config.json; got {str(path)!r}"
         )
     tokenizer = None
     if need_tokenizer:
-        tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-        if not any((path / name).is_file() for name in tokenizer_files):
+        if not any((path / name).is_file() for name in TOKENIZER_FILES):
             raise UsageError(
-                f"--model {str(path)!r} has no tokenizer (expected one of {', '.join(tokenizer_files)}); "
+                f"`{what}` {str(path)!r} has no tokenizer (expected one of {', '.join(TOKENIZER_FILES)}); "
                 "save the tokenizer next to the weights (tokenizer.save_pretrained(path))"
             )
-        tokenizer = _loaded(AutoTokenizer.from_pretrained, path, "tokenizer")
+        tokenizer = _loaded(AutoTokenizer.from_pretrained, path, what, "tokenizer")
     torch_dtype = getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype):
-        raise UsageError(f"dtype must be a torch dtype name such as float32 or bfloat16; got {dtype!r}")
+        raise UsageError(f"`dtype` must be a torch dtype name such as float32 or bfloat16; got {dtype!r}")
     kwargs: dict[str, Any] = {"dtype": torch_dtype}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     try:
         target = torch.device(device)
     except RuntimeError as err:
-        raise UsageError(f"--device must name a torch device such as cpu or cuda; got {device!r}") from err
+        raise UsageError(f"`device` must name a torch device such as cpu or cuda; got {device!r}") from err
     if target.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {device}: CUDA is not available on this machine")
-    model = _loaded(AutoModelForCausalLM.from_pretrained, path, "model", **kwargs)
+        raise UsageError(f"`device` {device}: CUDA is not available on this machine")
+    model = _loaded(AutoModelForCausalLM.from_pretrained, path, what, "model", **kwargs)
     return model.to(target).eval(), tokenizer
 
 
-def _loaded(load, path: Path, what: str, **kwargs: Any) -> Any:
+def _loaded(load, path: Path, option: str, what: str, **kwargs: Any) -> Any:
     """``load(path, **kwargs)`` (a ``from_pretrained``); what transformers or safetensors refuse in a damaged or
     foreign folder (a config it cannot read, weights missing or truncated) becomes a one-line UsageError."""
     from safetensors import SafetensorError
@@ -82,7 +86,7 @@ def _loaded(load, path: Path, what: str, **kwargs: Any) -> Any:
         return load(path, **kwargs)
     except (OSError, ValueError, KeyError, SafetensorError) as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UsageError(f"--model {str(path)!r}: cannot load the {what}: {first_line}") from err
+        raise UsageError(f"`{option}` {str(path)!r}: cannot load the {what}: {first_line}") from err
 
 
 def is_difftransformer(model: nn.Module) -> bool:
@@ -97,8 +101,9 @@ def max_context(model: nn.Module) -> int | None:
     return int(value) if value else None
 
 
-def check_context_length(model: nn.Module, length: int, what: str = "--context-lengths") -> None:
-    """Refuse a sequence length the model cannot take, before any long work."""
+def check_context_length(model: nn.Module, length: int, what: str = "`context_lengths`") -> None:
+    """Refuse a sequence length the model cannot take, before any long work; ``what`` names where the length
+    came from (its option in backticks, as the messages of the library do)."""
     if length < 1:
         raise UsageError(f"{what} must be positive; got {length}")
     limit = max_context(model)
@@ -131,12 +136,16 @@ def model_device(model: nn.Module) -> torch.device:
 
 
 def load_texts(
-    text_files: Sequence[str | os.PathLike] | None = None, data: str | None = None, split: str = "test"
+    text_files: Sequence[str | os.PathLike] | None = None,
+    data: str | None = None,
+    split: str = "test",
+    what: str = "text_file",
 ) -> list[str]:
     """Held-out documents: the user's text files (one document each) or a split of the built-in corpus.
 
     Args:
-        text_files: paths of UTF-8 text files; when given, the corpus is not touched.
+        text_files: paths of UTF-8 text files; when given, the corpus is not touched. ``what`` is the option
+            that named them, for the messages.
         data: corpus name or path passed to ``difftransformer.data.load_corpus`` (None = built-in).
         split: "test" or "validation".
     """
@@ -145,16 +154,16 @@ def load_texts(
         for name in text_files:
             path = Path(name)
             if not path.is_file():
-                raise MissingInputError(f"--text-file {str(path)!r} does not exist")
+                raise MissingInputError(f"`{what}` {str(path)!r} does not exist")
             try:
                 texts.append(path.read_text(encoding="utf-8"))
             except (OSError, UnicodeDecodeError) as err:
-                raise UsageError(f"--text-file {str(path)!r}: cannot read it as UTF-8 text: {err}") from err
+                raise UsageError(f"`{what}` {str(path)!r}: cannot read it as UTF-8 text: {err}") from err
         if not any(t.strip() for t in texts):
-            raise UsageError(f"--text-file {list(map(str, text_files))} contain no text")
+            raise UsageError(f"`{what}` {list(map(str, text_files))} contain no text")
         return texts
     if split not in ("test", "validation"):
-        raise UsageError(f"split must be 'test' or 'validation' (held-out text); got {split!r}")
+        raise UsageError(f"`split` must be 'test' or 'validation' (held-out text); got {split!r}")
     from difftransformer.data import load_corpus
 
     splits = load_corpus(data)
@@ -185,9 +194,11 @@ def mean_token_nll(model: nn.Module, sequences: torch.Tensor, batch_size: int = 
     """Next-token NLL (nats) averaged over every predicted token of ``sequences`` (n, L), ``batch_size``
     sequences per forward pass (each sequence scores its own L - 1 predictions)."""
     if sequences.dim() != 2 or sequences.shape[0] == 0 or sequences.shape[1] < 2:
-        raise UsageError(f"sequences must be (n >= 1, L >= 2) token ids; got shape {tuple(sequences.shape)}")
+        raise UsageError(
+            f"`sequences` must be (n >= 1, L >= 2) token ids; got shape {tuple(sequences.shape)}"
+        )
     if batch_size < 1:
-        raise UsageError(f"batch_size must be >= 1; got {batch_size}")
+        raise UsageError(f"`batch_size` must be >= 1; got {batch_size}")
     was_training = model.training
     model.eval()
     device = model_device(model)

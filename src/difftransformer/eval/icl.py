@@ -31,8 +31,9 @@ from tqdm.auto import tqdm
 
 from difftransformer.data.bbc_news import bbc_news_articles
 from difftransformer.errors import MissingInputError, UsageError
+from difftransformer.eval import chance, paper
 from difftransformer.eval.common import check_context_length, max_context, model_device
-from difftransformer.eval.options import at_least, not_empty, option, with_settings
+from difftransformer.eval.options import MOST, at_least, at_most, counts, distinct, not_empty, option, seeded
 from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.plotting import pyplot, save_figure
 from difftransformer.stats import mean
@@ -66,7 +67,7 @@ _FILLER = "the a of and to in on with for it was is at by from this that very qu
 def synthetic_task(size: int = 400, num_classes: int = 5, words: int = 10, seed: int = 0) -> LabelledData:
     """Topic classification: each text mixes 3 words of its class's topic with filler words."""
     if not 2 <= num_classes <= len(_TOPICS):
-        raise UsageError(f"num_classes must lie in [2, {len(_TOPICS)}]; got {num_classes}")
+        raise UsageError(f"`num_classes` must lie in [2, {len(_TOPICS)}]; got {num_classes}")
     rng = np.random.default_rng(seed)
     topics = list(_TOPICS)[:num_classes]
     texts, targets = [], []
@@ -86,7 +87,7 @@ def load_labelled_file(
     """Rows of a local .csv (with a header) or .jsonl file; labels become strings."""
     path = Path(path)
     if not path.is_file():
-        raise MissingInputError(f"--data-file {str(path)!r} does not exist")
+        raise MissingInputError(f"`data_file` {str(path)!r} does not exist")
     if path.suffix.lower() == ".csv":
         with path.open(newline="", encoding="utf-8") as handle:
             rows = list(csv.DictReader(handle))
@@ -99,7 +100,7 @@ def load_labelled_file(
                 except json.JSONDecodeError as err:
                     raise UsageError(f"{path}:{number} is not valid JSON: {err}") from err
     else:
-        raise UsageError(f"--data-file must end in .csv or .jsonl; got {str(path)!r}")
+        raise UsageError(f"`data_file` must end in .csv or .jsonl; got {str(path)!r}")
     return _from_rows(path.name, rows, text_column, label_column)
 
 
@@ -108,7 +109,9 @@ def _from_rows(name: str, rows: Sequence[dict], text_column: str, label_column: 
         raise UsageError(f"{name} has no rows")
     for column in (text_column, label_column):
         if column not in rows[0]:
-            raise UsageError(f"{name} has no column {column!r}; its columns are {sorted(rows[0])}")
+            raise UsageError(
+                f"{name} has no column {column!r} (`text_column`, `label_column`); its columns are {sorted(rows[0])}"
+            )
     return LabelledData(
         name, [str(r[text_column]) for r in rows], [str(r[label_column]).strip() for r in rows]
     )
@@ -121,13 +124,11 @@ def load_hf_dataset(
     try:
         import datasets
     except ImportError as err:
-        raise UsageError(
-            "--dataset needs the `datasets` package: pip install 'difftransformer[hub]'"
-        ) from err
+        raise UsageError("`dataset` needs the datasets package: pip install 'difftransformer[hub]'") from err
     try:
         ds = datasets.load_dataset(name, split=split)
     except (OSError, ValueError) as err:  # no such dataset or split, no hub: the user's to fix
-        raise UsageError(f"--dataset {name!r} split {split!r}: datasets.load_dataset failed: {err}") from err
+        raise UsageError(f"`dataset` {name!r} split {split!r}: datasets.load_dataset failed: {err}") from err
     feature = ds.features.get(label_column)
     rows = [dict(r) for r in ds]
     if feature is not None and hasattr(feature, "int2str"):
@@ -214,13 +215,13 @@ def evaluate(scorer: LabelScorer, data: LabelledData, demos: Sequence[int], test
 
 @dataclass(frozen=True)
 class IclOptions:
-    """icl's settings (``difftransformer eval icl`` flags, :func:`run_icl` keywords) and where its labelled data
+    """icl's settings (``difftransformer eval icl`` flags, the options :func:`run_icl` takes) and where its labelled data
     comes from (:func:`load_source`; none of data_file, dataset, bbc_news: the synthetic topic task)."""
 
     shots: list[int] = option([1, 2, 4, 8, 16, 32], "numbers of demonstrations")
     test_size: int = option(50, "test examples per setting")
     orderings: int = option(10, "orderings for order robustness")
-    order_shots: int | None = option(None, "demonstrations in the order test (unset: the largest --shots; 0 "
+    order_shots: int | None = option(None, "demonstrations in the order test (unset: the largest of --shots; 0 "
                                      "skips it)")  # fmt: skip
     data_file: str | None = option(None, "labelled .csv (header) or .jsonl file")
     dataset: str | None = option(None, "a `datasets` name (needs the hub and `datasets`)")
@@ -234,29 +235,34 @@ class IclOptions:
     def __post_init__(self) -> None:
         not_empty(self, "shots")
         at_least(self, 0, "shots", "order_shots")
-        at_least(self, 1, "test_size", "orderings")
+        at_most(self, MOST, "shots", "order_shots")
+        counts(self, "test_size", "orderings")
+        distinct(self, "shots")
+        seeded(self)
         sources = [name for name in ("data_file", "dataset", "bbc_news") if getattr(self, name)]
         if len(sources) > 1:
-            raise UsageError(f"icl reads one of --data-file, --dataset, --bbc-news; got {', '.join(sources)}")
+            raise UsageError(
+                f"icl reads one of `data_file`, `dataset`, `bbc_news`; got {', '.join(f'`{s}`' for s in sources)}"
+            )
+        if self.data_file is not None and not Path(self.data_file).is_file():
+            raise MissingInputError(f"`data_file` {self.data_file!r} does not exist")
 
 
 def run_icl(
     model: nn.Module,
     tokenizer,
     data: LabelledData,
-    options: IclOptions | None = None,
+    options: IclOptions,
     *,
     output_dir=None,
     progress: bool = True,
-    **settings: Any,
 ) -> dict:
     """Accuracy as demonstrations grow, and best-minus-worst accuracy over ``orderings`` orderings (random
     and grouped by class) at ``order_shots`` demonstrations (default: the largest of ``shots``; 0 skips it).
 
-    ``options``: an :class:`IclOptions` (its source fields are :func:`load_source`'s), or its fields as keywords.
-    Every prompt's length is checked against the model before any scoring. Writes icl.json and icl.png.
+    ``options``: an :class:`IclOptions` (its source fields are :func:`load_source`'s, which read ``data``). Every
+    prompt's length is checked against the model before any scoring. Writes icl.json and icl.png.
     """
-    options = with_settings(options, IclOptions, settings)
     shots, test_size, orderings, seed = options.shots, options.test_size, options.orderings, options.seed
     order_shots = options.order_shots
     labels = data.labels
@@ -266,7 +272,8 @@ def run_icl(
     most = max([*shots, order_shots])
     if test_size < 1 or most + test_size > len(data.texts):
         raise UsageError(
-            f"{data.name} has {len(data.texts)} examples; {most} demonstrations + --test-size {test_size} needed"
+            f"{data.name} has {len(data.texts)} examples; {most} demonstrations (`shots`, `order_shots`) + "
+            f"`test_size` {test_size} needed"
         )
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(data.texts))
@@ -278,7 +285,7 @@ def run_icl(
     for k, demos in demo_sets.items():
         length = len(scorer.encode("".join(format_demo(data.texts[i], data.targets[i]) for i in demos)))
         need = length + longest_query + longest_label
-        check_context_length(model, need, f"--shots {k} (prompt tokens)")
+        check_context_length(model, need, f"`shots` {k} (prompt tokens)")
 
     curve = []
     for k in tqdm(shots, desc="icl shots", unit="setting", disable=not progress):
@@ -361,13 +368,12 @@ def load_source(options: IclOptions) -> LabelledData:
     return synthetic_task(seed=options.seed)
 
 
-# Best accuracy over shot counts within this of guessing counts as "at chance" (order spread then means nothing).
-CHANCE_MARGIN = 0.1
-CHANCE = f"accuracy 1/classes (0.20 for 5), counted up to {CHANCE_MARGIN} above it at every shot count"
+# Best accuracy over shot counts within chance.CLASSIFICATION_MARGIN of guessing counts as "at chance" (the order
+# spread then means nothing).
 
 
 def _at_chance(summary: dict) -> bool:
-    return max(summary["accuracy"].values()) <= summary["chance"] + CHANCE_MARGIN
+    return max(summary["accuracy"].values()) <= summary["chance"] + chance.CLASSIFICATION_MARGIN
 
 
 class IclTask(Task):
@@ -427,12 +433,10 @@ class IclTask(Task):
     def measures(self, summary: dict) -> list[Measure]:
         return [
             Measure("in-context accuracy averaged over shot counts", lambda s: mean(list(s["accuracy"].values())),
-                    True, 2, paper="DIFF 5-22 points higher as demonstrations grow (3B models, 64K context, "
-                    "TREC, TREC-fine, Banking-77, Clinic-150)", at_chance=_at_chance, chance=CHANCE),
+                    True, 2, paper=paper.ICL_ACCURACY, at_chance=_at_chance, chance=chance.CLASSIFICATION),
             Measure("order spread averaged over random and grouped orderings",
                     lambda s: mean(list(s["spread"].values())) if s["spread"] else None, False, 2,
-                    paper="best minus worst of 10 orderings, TREC: DIFF 4.0 vs Transformer 19.0 points (random), "
-                    "13.4 vs 56.7 (grouped by class) (3B models)", at_chance=_at_chance, chance=CHANCE),
+                    paper=paper.ICL_ORDER, at_chance=_at_chance, chance=chance.CLASSIFICATION),
         ]  # fmt: skip
 
 

@@ -14,13 +14,14 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from difftransformer.errors import UsageError
+from difftransformer.eval import paper
 from difftransformer.eval.common import (
     check_context_length,
     fit_length,
     model_device,
     token_stream,
 )
-from difftransformer.eval.options import at_least, option, with_settings
+from difftransformer.eval.options import at_least, counts, option
 from difftransformer.eval.task import Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.plotting import pyplot, save_figure
 from difftransformer.storage import write_json
@@ -52,35 +53,35 @@ def cumulative_average(values: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class LongctxOptions:
-    """longctx's settings (``difftransformer eval longctx`` flags, :func:`run_longctx` keywords)."""
+    """longctx's settings (``difftransformer eval longctx`` flags, the options :func:`run_longctx` takes)."""
 
     length: int = option(2048, "window length in tokens")
     num_sequences: int = option(8, "held-out windows")
 
     def __post_init__(self) -> None:
+        counts(self, "length", "num_sequences")
         at_least(self, 2, "length")
-        at_least(self, 1, "num_sequences")
 
 
 def run_longctx(
     model: nn.Module,
     token_ids: Sequence[int],
-    options: LongctxOptions | None = None,
+    options: LongctxOptions,
     *,
     output_dir=None,
     progress: bool = True,
-    **settings: Any,
 ) -> dict:
     """Cut ``num_sequences`` non-overlapping windows of ``length`` tokens from ``token_ids`` and report the
     per-position and cumulative average NLL (positions 1..length-1, i.e. tokens predicted with 0..L-2
-    tokens of context before them); ``options``, or its fields as keywords. Writes longctx.json and longctx.png."""
-    options = with_settings(options, LongctxOptions, settings)
+    tokens of context before them), ``num_sequences`` and ``length`` being ``options``'. Writes longctx.json and
+    longctx.png."""
     length, num_sequences = options.length, options.num_sequences
-    check_context_length(model, length, "--length")
+    check_context_length(model, length, "`length`")
     need = length * num_sequences
     if len(token_ids) < need:
         raise UsageError(
-            f"held-out text gives {len(token_ids)} tokens; {num_sequences} x {length} = {need} are needed"
+            f"held-out text gives {len(token_ids)} tokens; `num_sequences` {num_sequences} x `length` {length} = "
+            f"{need} are needed"
         )
     sequences = torch.tensor(list(token_ids[:need]), dtype=torch.long).view(num_sequences, length)
     nll = position_nll(model, sequences, progress)
@@ -135,7 +136,7 @@ class LongctxTask(Task):
         )
 
     def run(self, model, tokenizer, texts, options: LongctxOptions, output_dir: Path, progress: bool) -> dict:
-        check_context_length(model, options.length, "--length")  # before reading the text
+        check_context_length(model, options.length, "`length`")  # before reading the text
         ids = token_stream(tokenizer, texts, options.length * options.num_sequences)
         return run_longctx(model, ids, options, output_dir=output_dir, progress=progress)
 
@@ -172,7 +173,7 @@ class LongctxTask(Task):
 
     def measures(self, summary: dict) -> list[Measure]:
         return [Measure("mean NLL by position", lambda s: s["mean_nll"], False, 3,
-                        paper="DIFF lower at every position up to 64K tokens (3B models, 64K context)")]  # fmt: skip
+                        paper=paper.LONG_CONTEXT)]  # fmt: skip
 
 
 TASK = LongctxTask()

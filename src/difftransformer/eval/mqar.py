@@ -29,17 +29,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from difftransformer.data.mqar import (
-    MqarBatch,
-    MqarSettings,
-    MqarVocabulary,
-    make_mqar_batch,
-    mqar_vocabulary,
-)
+from difftransformer.data.mqar import MqarBatch, MqarSettings, make_mqar_batch
 from difftransformer.errors import UsageError
-from difftransformer.eval.attention import PAPER_ANSWER_SHARE, PAPER_CONTEXT_SHARE, allocation, attention_maps
+from difftransformer.eval import chance, paper
 from difftransformer.eval.common import check_context_length, max_context, model_device
-from difftransformer.eval.options import at_least, not_empty, option
+from difftransformer.eval.maps import allocation, attention_maps
+from difftransformer.eval.options import MOST, at_least, at_most, counts, distinct, not_empty, option, seeded
+from difftransformer.eval.recall import key_vocabulary, recall_accuracy
 from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.plotting import pyplot, save_figure
 from difftransformer.stats import mean
@@ -47,20 +43,10 @@ from difftransformer.storage import write_json
 
 
 @torch.no_grad()
-def mqar_accuracy(model: nn.Module, batch: MqarBatch) -> float:
-    """Share of ``batch``'s queries whose value is the model's argmax at the query key's position."""
-    device = model_device(model)
-    logits = model(input_ids=torch.from_numpy(batch.input_ids).to(device), use_cache=False).logits
-    positions = torch.from_numpy(batch.query_positions).to(logits.device)
-    predicted = logits.gather(1, positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])).argmax(-1).cpu()
-    return float((predicted == torch.from_numpy(batch.targets)).float().mean())
-
-
-@torch.no_grad()
-def mqar_allocation(model: nn.Module, batch: MqarBatch) -> dict[str, float]:
+def mqar_allocation(model: nn.Module, batch: MqarBatch) -> dict[str, list[float]]:
     """Attention allocation at recall, as the ``attention`` task reads it for needles: from each query key's
     position, the share of attention on its pair in the key-value block ("answer") and on the rest of what
-    precedes the query ("context"), averaged over queries, heads and layers."""
+    precedes the query ("context"), averaged over heads and layers; one value per query of ``batch``."""
     maps = attention_maps(model, torch.from_numpy(batch.input_ids).to(model_device(model)))
     shares: dict[str, list[float]] = {"answer": [], "context": []}
     for row, (queries, pairs) in enumerate(zip(batch.query_positions, batch.pair_positions)):
@@ -69,15 +55,7 @@ def mqar_allocation(model: nn.Module, batch: MqarBatch) -> dict[str, float]:
             layers = allocation(row_maps, slice(query, query + 1), (pair, pair + 2), query)
             for key in shares:
                 shares[key].append(float(layers[key].mean()))
-    return {key: mean(values) for key, values in shares.items()}
-
-
-def distinct(options: Any, *names: str) -> None:
-    """Refuse a list field that repeats a value (a repeated setting would be scored twice)."""
-    for name in names:
-        values = getattr(options, name)
-        if values is not None and len(set(values)) != len(values):
-            raise UsageError(f"`{name}` must hold distinct values; got {list(values)}")
+    return shares
 
 
 @dataclass(frozen=True)
@@ -96,14 +74,17 @@ class MqarOptions:
                                   "a smaller vocabulary)")  # fmt: skip
     seed: int = option(0, "seed of the draws")
     allocation: int = option(16, "sequences whose attention is read, at every length at the smallest pair count "
-                             "it holds: the share on the queried pair and on the rest of the context (0 skips "
-                             "it)")  # fmt: skip
+                             "it holds, --batch-size at a time: the share on the queried pair and on the rest of "
+                             "the context (0 skips it)")  # fmt: skip
 
     def __post_init__(self) -> None:
         not_empty(self, "num_pairs", "lengths")
+        counts(self, "num_pairs", "num_queries", "sequences", "batch_size", "lengths")
+        at_least(self, 1, "first_id")
         at_least(self, 0, "allocation")
-        at_least(self, 1, "num_pairs", "num_queries", "sequences", "batch_size", "lengths", "first_id")
+        at_most(self, MOST, "allocation")
         distinct(self, "num_pairs", "lengths")
+        seeded(self)
         if not self.cells()[0]:
             raise UsageError(
                 f"no length of `lengths` {self.lengths} holds any of `num_pairs` {self.num_pairs} with its "
@@ -132,22 +113,6 @@ class MqarOptions:
         return scored, skipped
 
 
-def key_vocabulary(vocab_size: int, tokenizer: Any, options: MqarOptions) -> MqarVocabulary:
-    """The key and value ids of a vocabulary of ``vocab_size`` ids (the tokenizer's special ids left out),
-    refusing a ``first_id`` that leaves none and a pair count they cannot hold."""
-    special = frozenset(getattr(tokenizer, "all_special_ids", None) or ())
-    vocabulary = mqar_vocabulary(vocab_size, options.first_id, special)
-    usable = min(len(vocabulary.keys), len(vocabulary.values))
-    most = max(options.num_pairs)
-    if most > usable:
-        first = int(vocabulary.keys[0]) if len(vocabulary.keys) else options.first_id
-        raise UsageError(
-            f"`num_pairs` {most} needs {most} distinct keys and values; ids from {first} of the model's "
-            f"{vocab_size} (`first_id`) hold {usable}: ask for at most {usable} pairs or lower `first_id`"
-        )
-    return vocabulary
-
-
 def run_mqar(
     model: nn.Module, tokenizer: Any, options: MqarOptions, *, output_dir=None, progress: bool = True
 ) -> dict:
@@ -158,7 +123,9 @@ def run_mqar(
     Returns ``rows`` (per setting scored: ``num_pairs``, ``num_queries``, ``tokens``, ``accuracy``), ``skipped``
     (the cells of a grid whose length cannot hold their pairs, with the reason) and ``allocation`` (per length:
     ``tokens``, ``num_pairs``, ``answer``, ``context``; with one length per pair count, the smallest count's)."""
-    vocabulary = key_vocabulary(int(model.config.vocab_size), tokenizer, options)
+    vocabulary = key_vocabulary(
+        int(model.config.vocab_size), tokenizer, options.first_id, max(options.num_pairs)
+    )
     cells, skipped = options.cells()
     for cell in cells:
         what = (
@@ -169,19 +136,21 @@ def run_mqar(
     for cell in tqdm(cells, desc="mqar", unit="setting", disable=not progress):
         # Each cell draws from its own generator: its sequences do not depend on which other cells are scored.
         rng = np.random.default_rng([options.seed, cell.tokens, cell.num_pairs])
-        scores, done = [], 0
-        while done < options.sequences:
-            size = min(options.batch_size, options.sequences - done)
-            scores.append(mqar_accuracy(model, make_mqar_batch(rng, size, cell, vocabulary)) * size)
-            done += size
-        rows.append(dict(num_pairs=cell.num_pairs, num_queries=cell.queries, tokens=cell.tokens,
-                         accuracy=sum(scores) / options.sequences))  # fmt: skip
+        accuracy = recall_accuracy(model, vocabulary, cell, options.sequences, options.batch_size, rng)
+        rows.append(
+            dict(num_pairs=cell.num_pairs, num_queries=cell.queries, tokens=cell.tokens, accuracy=accuracy)
+        )
     shares = []
-    if options.allocation:
-        for cell in allocation_cells(cells, options.lengths is None):
-            rng = np.random.default_rng([options.seed, 1, cell.tokens, cell.num_pairs])
-            batch = make_mqar_batch(rng, options.allocation, cell, vocabulary)
-            shares.append(dict(tokens=cell.tokens, num_pairs=cell.num_pairs, **mqar_allocation(model, batch)))
+    for cell in allocation_cells(cells, options.lengths is None) if options.allocation else []:
+        rng = np.random.default_rng([options.seed, 1, cell.tokens, cell.num_pairs])
+        read: dict[str, list[float]] = {"answer": [], "context": []}
+        for start in range(0, options.allocation, options.batch_size):
+            size = min(options.batch_size, options.allocation - start)
+            for key, values in mqar_allocation(model, make_mqar_batch(rng, size, cell, vocabulary)).items():
+                read[key] += values
+        shares.append(
+            dict(tokens=cell.tokens, num_pairs=cell.num_pairs, **{k: mean(v) for k, v in read.items()})
+        )
     results = dict(
         task="mqar", sequences=options.sequences, seed=options.seed, lengths=options.lengths,
         num_queries=options.num_queries, rows=rows, skipped=skipped, allocation=shares,
@@ -260,16 +229,6 @@ def fitting_pairs(context_length: int, most: int) -> list[int]:
     return pairs
 
 
-# Accuracy at or below this counts as "at chance": associative recall not learned.
-CHANCE_MARGIN = 0.05
-CHANCE = f"accuracy about 0, counted up to {CHANCE_MARGIN}: a value is not guessed"
-# The paper has no MQAR; the claim its rows stand for is key-information retrieval (multi-needle, §3.4).
-PAPER_RETRIEVAL = (
-    "no MQAR in the paper; its retrieval claim: multi-needle accuracy 0.84 vs 0.62 (N=4, R=2, 4K context), "
-    "DIFF better"
-)
-
-
 def _at(length: str, pairs: str) -> str:
     """The column of one grid cell."""
     return f"{length} tokens, {pairs} pairs"
@@ -298,9 +257,8 @@ class MqarTask(Task):
         return dataclasses.replace(options, num_pairs=pairs) if pairs else options
 
     def light_options(self, light: MqarOptions, suite: SuiteContext) -> MqarOptions:
-        key_vocabulary(
-            len(suite.tokenizer), suite.tokenizer, light
-        )  # the models' vocabulary is the tokenizer's
+        # The models' vocabulary is the tokenizer's.
+        key_vocabulary(len(suite.tokenizer), suite.tokenizer, light.first_id, max(light.num_pairs))
         if light.lengths is not None:
             longest = max(light.lengths)
             if suite.max_positions is not None and longest > suite.max_positions:
@@ -417,27 +375,27 @@ class MqarTask(Task):
             return lambda s: s["accuracy"].get(pairs)
 
         def at_chance(pairs: str):
-            return lambda s: s["accuracy"].get(pairs) is not None and s["accuracy"][pairs] <= CHANCE_MARGIN
+            return lambda s: chance.exact_at_chance(s["accuracy"].get(pairs))
 
         def recalls_nothing(s: dict) -> bool:
-            return mean(list(s["accuracy"].values())) <= CHANCE_MARGIN
+            return mean(list(s["accuracy"].values())) <= chance.EXACT_MARGIN
 
         measures = [
-            Measure(f"MQAR accuracy, {pairs} key-value pairs", accuracy(pairs), True, 2, PAPER_RETRIEVAL,
-                    at_chance=at_chance(pairs), chance=CHANCE)
+            Measure(f"MQAR accuracy, {pairs} key-value pairs", accuracy(pairs), True, 2, paper.RETRIEVAL,
+                    at_chance=at_chance(pairs), chance=chance.MQAR)
             for pairs in summary["accuracy"]
         ]  # fmt: skip
         measures.append(
             Measure("MQAR accuracy averaged over pair counts", lambda s: mean(list(s["accuracy"].values())),
-                    True, 2, at_chance=recalls_nothing, chance=CHANCE)
+                    True, 2, at_chance=recalls_nothing, chance=chance.MQAR)
         )  # fmt: skip
         if summary["answer_share"] is not None:
             # Where neither model recalls, where it looks says nothing about retrieval.
             measures += [
                 Measure("attention on the queried pair (MQAR)", lambda s: s["answer_share"], True, 3,
-                        PAPER_ANSWER_SHARE, at_chance=recalls_nothing, chance="neither model recalls"),
+                        paper.ANSWER_SHARE, at_chance=recalls_nothing, chance=chance.NO_RECALL),
                 Measure("attention on the rest of the context (MQAR)", lambda s: s["context_share"], False, 3,
-                        PAPER_CONTEXT_SHARE, at_chance=recalls_nothing, chance="neither model recalls"),
+                        paper.CONTEXT_SHARE, at_chance=recalls_nothing, chance=chance.NO_RECALL),
             ]  # fmt: skip
         return measures
 
@@ -451,7 +409,8 @@ class MqarTask(Task):
 
         def recalls_nothing(length: str):
             return lambda s: (
-                length in s["by_length"] and mean(list(s["by_length"][length].values())) <= CHANCE_MARGIN
+                length in s["by_length"]
+                and mean(list(s["by_length"][length].values())) <= chance.EXACT_MARGIN
             )
 
         def share(length: str, key: str):
@@ -461,7 +420,7 @@ class MqarTask(Task):
             return lambda s: s["by_length"].get(length, {}).get(pairs)
 
         def cell_at_chance(length: str, pairs: str):
-            return lambda s: (cell(length, pairs)(s) or 0.0) <= CHANCE_MARGIN
+            return lambda s: chance.exact_at_chance(cell(length, pairs)(s))
 
         measures = []
         for length, cells in summary["by_length"].items():
@@ -469,22 +428,22 @@ class MqarTask(Task):
             held = pairs[0] if len(pairs) == 1 else f"{pairs[0]}-{pairs[-1]}"
             measures.append(
                 Measure(f"MQAR accuracy at {length} tokens ({held} key-value pairs, averaged)", averaged(length),
-                        True, 2, PAPER_RETRIEVAL, at_chance=recalls_nothing(length), chance=CHANCE)
+                        True, 2, paper.RETRIEVAL, at_chance=recalls_nothing(length), chance=chance.MQAR)
             )  # fmt: skip
             if length in summary["allocation"]:
                 fewest = summary["allocation"][length]["num_pairs"]
                 measures += [
                     Measure(f"attention on the queried pair (MQAR, {length} tokens, {fewest} pairs)",
-                            share(length, "answer"), True, 3, PAPER_ANSWER_SHARE, at_chance=recalls_nothing(length),
-                            chance="neither model recalls"),
+                            share(length, "answer"), True, 3, paper.ANSWER_SHARE, at_chance=recalls_nothing(length),
+                            chance=chance.NO_RECALL),
                     Measure(f"attention on the rest of the context (MQAR, {length} tokens, {fewest} pairs)",
-                            share(length, "context"), False, 3, PAPER_CONTEXT_SHARE,
-                            at_chance=recalls_nothing(length), chance="neither model recalls"),
+                            share(length, "context"), False, 3, paper.CONTEXT_SHARE,
+                            at_chance=recalls_nothing(length), chance=chance.NO_RECALL),
                 ]  # fmt: skip
         for length, cells in summary["by_length"].items():
             measures += [
                 Measure(f"MQAR accuracy, {pairs} key-value pairs at {length} tokens", cell(length, pairs), True, 2,
-                        at_chance=cell_at_chance(length, pairs), chance=CHANCE)
+                        at_chance=cell_at_chance(length, pairs), chance=chance.MQAR)
                 for pairs in cells
             ]  # fmt: skip
         return measures

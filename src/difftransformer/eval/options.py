@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, TypeVar
+from typing import Any
 
-from difftransformer.errors import UsageError
+from difftransformer.errors import UsageError, check_seed
 
-T = TypeVar("T")
+# The most samples, sequences, windows, items or orderings an option may ask for: a million is more than any of
+# these measures needs (their spread shrinks as one over the square root of the count) and days of work; a typo
+# such as 1e12 is refused before any instead of running for years.
+MOST = 10**6
 
 
 def option(default: Any, help: str) -> Any:
@@ -28,15 +31,33 @@ def option(default: Any, help: str) -> Any:
     return dataclasses.field(default=default, metadata={"help": help})
 
 
+def _values(options: Any, name: str) -> list:
+    """A field's numbers: the items of a list field, else the value itself (None, an unset optional: none)."""
+    value = getattr(options, name)
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
 def at_least(options: Any, minimum: float, *names: str) -> None:
     """Refuse a field below ``minimum`` (None, an unset optional, passes); every number of a list field is
     checked."""
     for name in names:
-        value = getattr(options, name)
-        values = value if isinstance(value, (list, tuple)) else [value]
-        for item in values:
-            if item is not None and item < minimum:
-                raise UsageError(f"`{name}` must be >= {minimum}; got {value}")
+        if any(item < minimum for item in _values(options, name)):
+            raise UsageError(f"`{name}` must be >= {minimum}; got {getattr(options, name)}")
+
+
+def at_most(options: Any, maximum: float, *names: str) -> None:
+    """Refuse a field above ``maximum`` (None passes); every number of a list field is checked."""
+    for name in names:
+        if any(item > maximum for item in _values(options, name)):
+            raise UsageError(f"`{name}` must be <= {maximum}; got {getattr(options, name)}")
+
+
+def counts(options: Any, *names: str) -> None:
+    """Refuse a count (of samples, sequences, windows, ...) outside [1, :data:`MOST`]."""
+    at_least(options, 1, *names)
+    at_most(options, MOST, *names)
 
 
 def not_empty(options: Any, *names: str) -> None:
@@ -47,18 +68,17 @@ def not_empty(options: Any, *names: str) -> None:
             raise UsageError(f"`{name}` must hold at least one value; got none")
 
 
-def with_settings(options: T | None, defaults: type[T], settings: dict[str, Any]) -> T:
-    """``options`` (or ``defaults()``) with the keyword ``settings`` replaced: what lets a ``run_<task>`` function
-    take either an options object or its fields as keywords. An unknown name is a UsageError naming the known
-    ones."""
-    known = [f.name for f in dataclasses.fields(defaults)]
-    unknown = sorted(set(settings) - set(known))
-    if unknown:
-        raise UsageError(
-            f"{defaults.__name__} has no setting {', '.join(unknown)}; its settings are {', '.join(known)}"
-        )
-    base = defaults() if options is None else options
-    return dataclasses.replace(base, **settings) if settings else base
+def distinct(options: Any, *names: str) -> None:
+    """Refuse a list field that repeats a value (a repeated setting would be run twice)."""
+    for name in names:
+        values = _values(options, name)
+        if len(set(values)) != len(values):
+            raise UsageError(f"`{name}` must hold distinct values; got {getattr(options, name)}")
+
+
+def seeded(options: Any) -> None:
+    """Refuse a ``seed`` that NumPy, torch and Python's random cannot all take."""
+    check_seed(options.seed)
 
 
 def to_json(options: Any) -> dict:

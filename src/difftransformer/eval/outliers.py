@@ -20,14 +20,17 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from difftransformer.errors import UsageError
+from difftransformer.eval import paper
 from difftransformer.eval.common import check_context_length, max_context, model_device, token_stream
 from difftransformer.eval.logits import attention_logits, visible_keys
-from difftransformer.eval.options import at_least, option, with_settings
+from difftransformer.eval.options import at_least, at_most, counts, option
 from difftransformer.eval.task import Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.plotting import pyplot, save_figure
 from difftransformer.storage import write_json
 
 TOP_KS: tuple[int, ...] = (1, 2, 3, 10, 100)
+# The most tokens scanned: 2,500 times the paper's 0.4M, days of work for any model this package runs.
+MOST_TOKENS = 10**9
 
 
 class RunningStats:
@@ -127,34 +130,34 @@ def collect_outliers(model: nn.Module, sequences: torch.Tensor, progress: bool =
 
 @dataclass(frozen=True)
 class OutliersOptions:
-    """outliers' settings (``difftransformer eval outliers`` flags, :func:`run_outliers` keywords)."""
+    """outliers' settings (``difftransformer eval outliers`` flags, the options :func:`run_outliers` takes)."""
 
     length: int = option(1024, "window length in tokens")
     tokens: int = option(16384, "tokens to scan, in whole windows (paper: 400000)")
 
     def __post_init__(self) -> None:
-        at_least(self, 1, "length", "tokens")
+        counts(self, "length")
+        at_least(self, 1, "tokens")
+        at_most(self, MOST_TOKENS, "tokens")
         if self.tokens < self.length:
-            raise UsageError(f"--tokens ({self.tokens}) must be at least --length ({self.length})")
+            raise UsageError(f"`tokens` ({self.tokens}) must be at least `length` ({self.length})")
 
 
 def run_outliers(
     model: nn.Module,
     token_ids: Sequence[int],
-    options: OutliersOptions | None = None,
+    options: OutliersOptions,
     *,
     output_dir=None,
     progress: bool = True,
-    **settings: Any,
 ) -> dict:
     """Top-1/2/3/10/100 and median of |logits| and |hidden states| over ``tokens`` tokens of held-out text,
-    in windows of ``length`` (``options``, or its fields as keywords). Writes outliers.json and outliers.png."""
-    options = with_settings(options, OutliersOptions, settings)
+    in windows of ``length`` (both ``options``'). Writes outliers.json and outliers.png."""
     tokens, length = options.tokens, options.length
-    check_context_length(model, length, "--length")
+    check_context_length(model, length, "`length`")
     num = tokens // length
     if len(token_ids) < num * length:
-        raise UsageError(f"held-out text gives {len(token_ids)} tokens; --tokens needs {num * length}")
+        raise UsageError(f"held-out text gives {len(token_ids)} tokens; `tokens` needs {num * length}")
     sequences = torch.tensor(list(token_ids[: num * length]), dtype=torch.long).view(num, length)
     results = dict(
         task="outliers", tokens=num * length, length=length, **collect_outliers(model, sequences, progress)
@@ -205,7 +208,7 @@ class OutliersTask(Task):
     def run(
         self, model, tokenizer, texts, options: OutliersOptions, output_dir: Path, progress: bool
     ) -> dict:
-        check_context_length(model, options.length, "--length")  # before reading the text
+        check_context_length(model, options.length, "`length`")  # before reading the text
         ids = token_stream(tokenizer, texts, options.tokens)
         return run_outliers(model, ids, options, output_dir=output_dir, progress=progress)
 
@@ -245,14 +248,14 @@ class OutliersTask(Task):
                 lambda s: s["attention_logits"]["ratio"],
                 False,
                 1,
-                paper="DIFF 38.8/3.3 = 12 vs Transformer 318.0/5.4 = 59 (3B models, 0.4M tokens)",
+                paper=paper.LOGIT_OUTLIERS,
             ),
             Measure(
                 "hidden-state top-1/median",
                 lambda s: s["hidden_states"]["ratio"],
                 False,
                 1,
-                paper="DIFF 1688.2/1.2 = 1407 vs Transformer 3608.6/0.6 = 6014 (3B models, 0.4M tokens)",
+                paper=paper.HIDDEN_OUTLIERS,
             ),
         ]
 

@@ -22,30 +22,32 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from difftransformer.data.mqar import MqarSettings
+from difftransformer.data.needles import encode
 from difftransformer.errors import UsageError
-from difftransformer.eval.common import (
-    check_context_length,
-    fit_length,
-    mean_token_nll,
-    token_stream,
+from difftransformer.eval import chance, paper
+from difftransformer.eval.common import check_context_length, fit_length, mean_token_nll, token_stream
+from difftransformer.eval.haystack import (
+    NeedleGrid,
+    accuracy_by_config,
+    fit_needle_lengths,
+    needle_cells,
+    needles_problem,
+    validate_needle_run,
 )
 from difftransformer.eval.logits import attention_logits, visible_keys
-from difftransformer.eval.mqar import CHANCE_MARGIN as MQAR_CHANCE_MARGIN
-from difftransformer.eval.mqar import MqarOptions, run_mqar
-from difftransformer.eval.needle import (
-    CHANCE,
-    CHANCE_MARGIN,
-    NeedleOptions,
-    fit_needle_lengths,
-    needles_problem,
-    run_needle,
-)
-from difftransformer.eval.options import at_least, not_empty, option, with_settings
+from difftransformer.eval.options import MOST, at_least, at_most, counts, distinct, not_empty, option
+from difftransformer.eval.recall import key_vocabulary, recall_accuracy
 from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.plotting import pyplot, save_figure
 from difftransformer.storage import write_json
 
 GRANULARITIES: tuple[str, ...] = ("tensor", "head", "row")
+# The widest logits quantised: a float32 logit carries 24 significant bits, so a grid of 2^(b-1) - 1 levels finer
+# than that measures nothing more (and from 64 bits on the level count overflows the integers torch rounds to).
+MOST_BITS = 24
+# MQAR sequences scored at each width by the MQAR check.
+MQAR_SEQUENCES = 64
 
 
 def absmax_fake_quantize(
@@ -55,17 +57,17 @@ def absmax_fake_quantize(
 
     Args:
         logits: (B, H, T, S).
-        bits: integer width b >= 2; levels are -(2^(b-1)-1) .. 2^(b-1)-1 times the scale.
+        bits: integer width b in [2, :data:`MOST_BITS`]; levels are -(2^(b-1)-1) .. 2^(b-1)-1 times the scale.
         granularity: one scale per "tensor" (B, all heads), per "head" (B, H) or per "row" (B, H, T).
         visible: (T, S) bool; only True entries set the scale (others are quantised with it all the same).
 
     Returns:
         Same shape and dtype; entries of an all-zero group stay zero.
     """
-    if bits < 2:
-        raise UsageError(f"bits must be >= 2; got {bits}")
+    if not 2 <= bits <= MOST_BITS:
+        raise UsageError(f"`bits` must lie in [2, {MOST_BITS}]; got {bits}")
     if granularity not in GRANULARITIES:
-        raise UsageError(f"granularity must be one of {GRANULARITIES}; got {granularity!r}")
+        raise UsageError(f"`granularity` must be one of {GRANULARITIES}; got {granularity!r}")
     if logits.dim() != 4:
         raise ValueError(f"logits must be (B, H, T, S); got shape {tuple(logits.shape)}")
     x = logits.float()
@@ -91,88 +93,94 @@ class QuantizeLogits:
 
 
 @dataclass(frozen=True)
-class QuantOptions(NeedleOptions):
-    """quant's settings (``difftransformer eval quant`` flags, :func:`run_quant` keywords): the held-out loss's, then
-    needle's for the accuracy check at each width."""
+class QuantOptions(NeedleGrid):
+    """quant's settings (``difftransformer eval quant`` flags): the held-out loss's, then a grid of needle prompts
+    (:class:`NeedleGrid`) for the accuracy check at each width, and the MQAR check's."""
 
+    context_lengths: list[int] = option([1024], "needle check: prompt lengths in tokens")
+    needles: list[str] = option(
+        ["1:1", "2:2", "4:2", "6:2"], "needle check: N:R pairs (N needles, R queried)"
+    )
     length: int = option(512, "held-out window length in tokens")
     num_sequences: int = option(8, "held-out windows")
-    bits: list[int] = option([16, 8, 6, 4], "attention-logit bit widths")
+    bits: list[int] = option([16, 8, 6, 4], f"attention-logit bit widths, 2 to {MOST_BITS}")
     granularity: Literal["tensor", "head", "row"] = option("head", "one absmax scale per layer tensor, per head "
                                                            "or per query row")  # fmt: skip
     needle: bool = option(True, "measure needle accuracy at each width (--no-needle skips it)")
-    samples: int = option(5, "needle samples per (N:R, length, depth) cell")
-    mqar_pairs: int = option(0, "key-value pairs of an MQAR check at each width, 64 sequences (0 skips it)")
+    samples: int = option(5, "needle check: samples per (N:R, length, depth) cell")
+    mqar_pairs: int = option(0, f"key-value pairs of an MQAR check at each width, {MQAR_SEQUENCES} sequences (0 "
+                             "skips it)")  # fmt: skip
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        at_least(self, 0, "mqar_pairs")
         not_empty(self, "bits")
-        at_least(self, 1, "length", "num_sequences")
+        counts(self, "length", "num_sequences")
         at_least(self, 2, "bits")
+        at_most(self, MOST_BITS, "bits")
+        distinct(self, "bits")
+        at_least(self, 0, "mqar_pairs")
+        at_most(self, MOST, "mqar_pairs")
         if self.granularity not in GRANULARITIES:
-            raise UsageError(f"--granularity must be one of {GRANULARITIES}; got {self.granularity!r}")
-
-    def needle_options(self) -> NeedleOptions:
-        """The needle check's options: this object's needle fields."""
-        return NeedleOptions(**{f.name: getattr(self, f.name) for f in dataclasses.fields(NeedleOptions)})
+            raise UsageError(f"`granularity` must be one of {GRANULARITIES}; got {self.granularity!r}")
 
 
 def run_quant(
     model: nn.Module,
-    tokenizer,
+    tokenizer: Any,
     token_ids: Sequence[int],
-    haystack_texts: Sequence[str] | None = None,
-    options: QuantOptions | None = None,
+    haystack_texts: Sequence[str] | None,
+    options: QuantOptions,
     *,
     output_dir=None,
     progress: bool = True,
-    **settings: Any,
 ) -> dict:
-    """Held-out loss and (with ``haystack_texts``) needle accuracy with the logits quantised at each width.
+    """Held-out loss and (with ``haystack_texts`` and ``options.needle``) needle accuracy, and (with
+    ``options.mqar_pairs``) MQAR accuracy, with the logits quantised at each width of ``options``.
 
-    The first row, bits = None, is the unquantised model through the same (materialized) attention path.
-    ``options``: a :class:`QuantOptions`, or its fields as keywords; its needle fields go to
-    :func:`difftransformer.eval.needle.run_needle`; every width sees the same needle samples (same seed).
+    The first row, bits = None, is the unquantised model through the same (materialized) attention path. Every
+    width sees the same needle samples and MQAR sequences (same seed); every check is validated before the first
+    width is measured.
     """
-    options = with_settings(options, QuantOptions, settings)
-    bits, granularity, length, num_sequences = (
-        options.bits,
-        options.granularity,
-        options.length,
-        options.num_sequences,
-    )
-    check_context_length(model, length, "--length")
-    need = length * num_sequences
+    check_context_length(model, options.length, "`length`")
+    need = options.length * options.num_sequences
     if len(token_ids) < need:
         raise UsageError(
-            f"held-out text gives {len(token_ids)} tokens; {num_sequences} x {length} are needed"
+            f"held-out text gives {len(token_ids)} tokens; `num_sequences` {options.num_sequences} x `length` "
+            f"{options.length} are needed"
         )
-    sequences = torch.tensor(list(token_ids[:need]), dtype=torch.long).view(num_sequences, length)
-    check_needle = haystack_texts is not None and options.needle
-    # Every width scores the same sequences (same seed).
-    mqar_check = (
-        MqarOptions(num_pairs=[options.mqar_pairs], seed=options.seed, allocation=0)
-        if options.mqar_pairs
-        else None
+    sequences = torch.tensor(list(token_ids[:need]), dtype=torch.long).view(
+        options.num_sequences, options.length
     )
+    stream = None
+    if haystack_texts is not None and options.needle:
+        stream = encode(tokenizer, "\n".join(haystack_texts))
+        validate_needle_run(model, tokenizer, len(stream), options)
+    recall = None
+    if options.mqar_pairs:
+        settings = MqarSettings(options.mqar_pairs)
+        check_context_length(model, settings.tokens, f"`mqar_pairs` {options.mqar_pairs} with its queries")
+        vocabulary = key_vocabulary(
+            int(model.config.vocab_size), tokenizer, None, options.mqar_pairs, pairs_field="mqar_pairs"
+        )
+        recall = (vocabulary, settings)
     rows = []
-    for width in tqdm([None, *bits], desc="quant", unit="width", disable=not progress):
-        with attention_logits(model, QuantizeLogits(width, granularity)):
+    for width in tqdm([None, *options.bits], desc="quant", unit="width", disable=not progress):
+        with attention_logits(model, QuantizeLogits(width, options.granularity)):
             row = dict(bits=width, loss=mean_token_nll(model, sequences, batch_size=1))
-            if check_needle:
-                needle = run_needle(
-                    model, tokenizer, haystack_texts, options.needle_options(), progress=False
+            if stream is not None:
+                by_config = accuracy_by_config(
+                    needle_cells(model, tokenizer, stream, options, False), options.pairs
                 )
-                row["needle_accuracy"] = float(np.mean(list(needle["by_config"].values())))
-                row["needle_by_config"] = needle["by_config"]
-            if mqar_check is not None:
-                recall = run_mqar(model, tokenizer, mqar_check, progress=False)
-                row["mqar_accuracy"] = recall["rows"][0]["accuracy"]
+                row["needle_accuracy"] = float(np.mean(list(by_config.values())))
+                row["needle_by_config"] = by_config
+            if recall is not None:
+                rng = np.random.default_rng([options.seed, options.mqar_pairs])
+                row["mqar_accuracy"] = recall_accuracy(model, *recall, MQAR_SEQUENCES, 16, rng)
         rows.append(row)
     results = dict(
-        task="quant", granularity=granularity, length=length, num_sequences=num_sequences, rows=rows
-    )
+        task="quant", granularity=options.granularity, length=options.length,
+        num_sequences=options.num_sequences, rows=rows,
+    )  # fmt: skip
     if output_dir is not None:
         write_json(f"{output_dir}/quant.json", results)
         plot_quant(rows, f"{output_dir}/quant.png")
@@ -205,12 +213,6 @@ def _width(key: str) -> str:
     return "full" if key == "unquantised" else f"{key}-bit"
 
 
-PAPER_LOW_BIT = (
-    "zero-shot accuracy held down to 6-bit logits by DIFF, not by the Transformer; at 4 bits DIFF about 25 points "
-    "higher (3B models)"
-)
-
-
 class QuantTask(Task):
     """Attention-logit quantisation: held-out loss and needle accuracy with fake-quantised attention logits."""
 
@@ -230,13 +232,13 @@ class QuantTask(Task):
         options = dataclasses.replace(
             light, length=suite.context_length, num_sequences=suite.windows(light.num_sequences),
             context_lengths=[suite.context_length], needles=[f"{n}:{r}" for n, r in suite.needles],
-            needle_digits=suite.needle_digits, seed=suite.seed, mqar_pairs=4,
+            seed=suite.seed, mqar_pairs=4, **dataclasses.asdict(suite.needle),
         )  # fmt: skip
         # The needle check where the suite's needles fit the context; the MQAR check (4 pairs) always.
         return dataclasses.replace(options, needle=needles_problem(suite.tokenizer, options) is None)
 
     def run(self, model, tokenizer, texts, options: QuantOptions, output_dir: Path, progress: bool) -> dict:
-        check_context_length(model, options.length, "--length")  # before reading the text
+        check_context_length(model, options.length, "`length`")  # before reading the text
         ids = token_stream(tokenizer, texts, options.length * options.num_sequences)
         return run_quant(model, tokenizer, ids, texts, options, output_dir=output_dir, progress=progress)
 
@@ -270,7 +272,7 @@ class QuantTask(Task):
                 f"needle accuracy (N:R as for needle, answer at depth 0.5, {options['samples']} per N:R)"
             )
         if options.get("mqar_pairs"):
-            checks.append(f"MQAR accuracy ({options['mqar_pairs']} pairs, 64 sequences)")
+            checks.append(f"MQAR accuracy ({options['mqar_pairs']} pairs, {MQAR_SEQUENCES} sequences)")
         return (
             f"Held-out loss ({options['num_sequences']} windows of {options['length']} tokens)"
             + "".join(f" and {check}" for check in checks)
@@ -289,23 +291,23 @@ class QuantTask(Task):
     def measures(self, summary: dict) -> list[Measure]:
         widths = sorted(int(k) for k in summary if k != "unquantised")
         measures = [Measure(f"loss with {widths[0]}-bit attention logits", lambda s: s[str(widths[0])]["loss"],
-                            False, 3, paper=PAPER_LOW_BIT)]  # fmt: skip
+                            False, 3, paper=paper.LOW_BIT)]  # fmt: skip
         checks = dict(self._checks(summary))
         if "needle_accuracy" in checks:
             bits = str(widths[0])
             measures.append(
                 Measure(f"needle accuracy with {bits}-bit attention logits", lambda s: s[bits]["needle_accuracy"],
-                        True, 2, paper=PAPER_LOW_BIT,
-                        at_chance=lambda s: s[bits]["needle_accuracy"] <= CHANCE_MARGIN, chance=CHANCE)
+                        True, 2, paper=paper.LOW_BIT,
+                        at_chance=lambda s: chance.exact_at_chance(s[bits]["needle_accuracy"]), chance=chance.NEEDLE)
             )  # fmt: skip
         if "mqar_accuracy" in checks:
             # The paper's two widths: where DIFF holds (6) and where both drop (4).
             for bits in [str(b) for b in widths if b in (4, 6)] or [str(widths[0])]:
                 measures.append(
                     Measure(f"MQAR accuracy with {bits}-bit attention logits (4 pairs)",
-                            lambda s, b=bits: s[b]["mqar_accuracy"], True, 2, paper=PAPER_LOW_BIT,
-                            at_chance=lambda s, b=bits: s[b]["mqar_accuracy"] <= MQAR_CHANCE_MARGIN,
-                            chance="accuracy about 0: a value is not guessed")
+                            lambda s, b=bits: s[b]["mqar_accuracy"], True, 2, paper=paper.LOW_BIT,
+                            at_chance=lambda s, b=bits: chance.exact_at_chance(s[b]["mqar_accuracy"]),
+                            chance=chance.MQAR)
                 )  # fmt: skip
         return measures
 

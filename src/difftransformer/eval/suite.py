@@ -17,9 +17,10 @@ from typing import Any
 
 from torch import nn
 
+from difftransformer.data.needles import DEFAULT_NEEDLE, NeedleSpec
 from difftransformer.errors import UsageError
 from difftransformer.eval.options import to_json
-from difftransformer.eval.registry import TASKS, get_task, parse_tasks
+from difftransformer.eval.registry import TASKS, get_task, parse_tasks, task_names
 from difftransformer.eval.task import SuiteContext
 
 
@@ -30,7 +31,7 @@ class SuiteSettings:
     Attributes:
         tasks: which tasks, registered names in registry order.
         context_length: tokens of every needle prompt and every held-out window.
-        needle_digits: digits of the magic numbers.
+        needle: what the needles are (their digits, sentence and question), those the models were trained on.
         needles: the N:R configurations of needle and of quant's needle check.
         seed: every task's draws (the same samples for every model).
         max_positions: the models' max_position_embeddings when known before they are trained (None: unknown); a
@@ -43,7 +44,7 @@ class SuiteSettings:
 
     tasks: tuple[str, ...] = TASKS
     context_length: int = 256
-    needle_digits: int = 6
+    needle: NeedleSpec = DEFAULT_NEEDLE
     needles: tuple[tuple[int, int], ...] = ((1, 1), (2, 2), (4, 2))
     seed: int = 1234
     max_positions: int | None = None
@@ -51,15 +52,15 @@ class SuiteSettings:
 
     def __post_init__(self) -> None:
         parse_tasks(",".join(self.tasks))
-        unknown = sorted(set(self.light) - set(TASKS))
+        unknown = sorted(set(self.light) - set(task_names()))
         if unknown:
             raise UsageError(
-                f"SuiteSettings.light names unknown tasks {unknown}; the tasks are {', '.join(TASKS)}"
+                f"`light` names unknown tasks {unknown}; the tasks are {', '.join(task_names())}"
             )
-        for name in ("context_length", "needle_digits", "max_positions"):
+        for name in ("context_length", "max_positions"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise UsageError(f"SuiteSettings.{name} must be >= 1; got {value}")
+                raise UsageError(f"`{name}` must be >= 1; got {value}")
         for task in self.tasks:
             self.light_settings(task)  # the task's options dataclass checks the overrides
 
@@ -83,7 +84,7 @@ def suite_options(
     raising."""
     context = SuiteContext(
         context_length=settings.context_length,
-        needle_digits=settings.needle_digits,
+        needle=settings.needle,
         needles=settings.needles,
         seed=settings.seed,
         tokenizer=tokenizer,
@@ -97,7 +98,7 @@ def suite_options(
             if task.reads_text and context.held_out_tokens < context.context_length:
                 raise UsageError(
                     f"the held-out texts give {context.held_out_tokens} tokens; {name} needs at least one window "
-                    f"of context_length {context.context_length}"
+                    f"of `context_length` {context.context_length}"
                 )
             options[name] = task.light_options(settings.light_settings(name), context)
         except UsageError as err:  # a setting the task refuses; anything else is a bug and propagates

@@ -1,8 +1,10 @@
 """The evaluation-task protocol: everything one of the paper's experiments provides, in one object.
 
 Adding a task = one module + one registry line. Write ``difftransformer/eval/<name>.py`` with a subclass of
-:class:`Task` and a module-level instance ``TASK``, then add the module to ``TASK_MODULES`` in
-:mod:`difftransformer.eval.registry`. From then on ``difftransformer eval <name>`` runs it with its full settings
+:class:`Task` and a module-level instance ``TASK``, then add its name to ``TASKS`` in
+:mod:`difftransformer.eval.registry` (or, from another package, register ``TASK`` as an entry point of the group
+``difftransformer.eval_tasks``). A task module imports the pieces below the tasks (``common``, ``maps``,
+``haystack``, ``recall``, ``generation``, ``paper``, ``chance`` ...), never another task. From then on ``difftransformer eval <name>`` runs it with its full settings
 (flags generated from its options dataclass, :attr:`Task.Options`; defaults the model cannot take fitted by
 :meth:`Task.fit`), ``compare --tasks`` runs it on every trained model with its light settings (:attr:`Task.light`
 and :meth:`Task.light_options`), and compare's report gives it a section: :meth:`Task.describe`, a table
@@ -30,6 +32,7 @@ from typing import Any, ClassVar, Literal, NamedTuple
 
 from torch import nn
 
+from difftransformer.data.needles import NeedleSpec
 from difftransformer.errors import UsageError
 
 
@@ -96,7 +99,7 @@ class SuiteContext:
 
     Attributes:
         context_length: tokens of every prompt and held-out window (the trained block size in compare).
-        needle_digits: digits of the magic numbers (those the model was trained on in compare).
+        needle: what the needles are (in compare, those the models were trained on).
         needles: the N:R needle configurations (needle, and quant's needle check).
         seed: every task's draws (the same samples for every model).
         tokenizer: the models' tokenizer (to size prompts).
@@ -106,7 +109,7 @@ class SuiteContext:
     """
 
     context_length: int
-    needle_digits: int
+    needle: NeedleSpec
     needles: tuple[tuple[int, int], ...]
     seed: int
     tokenizer: Any
@@ -131,7 +134,7 @@ class Task(ABC):
             the suite checks that they hold at least one window.
         needs_tokenizer: whether :meth:`run` needs the model's tokenizer (mqar does not).
         Options: the task's frozen options dataclass: its fields are ``difftransformer eval NAME``'s flags (a
-            field named ``seed`` takes the shared ``--seed``) and its ``run_<task>`` function's keywords.
+            field named ``seed`` takes the shared ``--seed``); its ``run_<task>`` function takes one instance.
         light: the light settings for a comparison, ``dataclasses.replace(Options(), ...)`` (few samples, short
             runs); :meth:`light_options` fits them to the suite.
     """
@@ -161,7 +164,7 @@ class Task(ABC):
         progress: bool,
     ) -> dict:  # fmt: skip
         """Run the task with ``options`` (an :attr:`Options`); write OUTPUT_DIR/NAME.json and its plots; return
-        the results. A value the model cannot take raises a ValueError naming its flag before any long work."""
+        the results. A value the model cannot take raises a UsageError naming its field before any long work."""
 
     @abstractmethod
     def summarise(self, results: dict) -> dict:

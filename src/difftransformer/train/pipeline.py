@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from difftransformer.data import DataOptions, load_tokenizer, open_corpus, packed_blocks, train_tokenizer
+from difftransformer.data.needles import DEFAULT_NEEDLE, NeedleSpec
 from difftransformer.train.mixture import MixedBlocks, RecallMix
 from difftransformer.train.presets import Preset
 from difftransformer.train.retrieval import NeedleRows
@@ -19,7 +20,7 @@ from difftransformer.train.retrieval import NeedleRows
 class PreparedData:
     """Token blocks for training, validation (during training) and testing (after), the tokenizer, the held-out
     test documents (haystacks for retrieval checks, a list of str in memory), and the recall rows drawn into training
-    (:attr:`train_dataset`; needles with ``needle_digits``-digit numbers).
+    (:attr:`train_dataset`; needles as :attr:`needle` says).
 
     Each ``*_blocks`` is an int64 ``torch.Tensor`` of shape (n, block_size) that views a memory-mapped cache file
     (:func:`difftransformer.data.packed_blocks`; copy-on-write, so indexing reads only the rows asked for and
@@ -32,7 +33,7 @@ class PreparedData:
     test_texts: list[str]
     corpus_name: str
     recall: RecallMix = RecallMix()
-    needle_digits: int = 6
+    needle: NeedleSpec = DEFAULT_NEEDLE
     seed: int = 0
 
     @functools.cached_property
@@ -44,7 +45,7 @@ class PreparedData:
         if self.recall.needle_fraction:
             block_size = self.train_blocks.shape[1]
             needles = NeedleRows(
-                self.train_blocks.reshape(-1), self.tokenizer, block_size, number_digits=self.needle_digits
+                self.train_blocks.reshape(-1), self.tokenizer, block_size, needle=self.needle
             )
         return MixedBlocks(
             self.train_blocks,
@@ -63,7 +64,7 @@ def prepare_data(
     vocab_size: int,
     block_size: int,
     recall: RecallMix | None = None,
-    needle_digits: int = 6,
+    needle: NeedleSpec = DEFAULT_NEEDLE,
     seed: int = 0,
     cache_dir: str | Path | None = None,
     num_proc: int | None = None,
@@ -110,7 +111,7 @@ def prepare_data(
         test_texts=list(corpus.documents("test")),
         corpus_name=corpus.name,
         recall=recall or RecallMix(),
-        needle_digits=needle_digits,
+        needle=needle,
         seed=seed,
     )
 
@@ -124,7 +125,7 @@ def prepare_preset_data(preset: Preset, options: DataOptions, seed: int) -> Prep
         vocab_size=preset.vocab_size,
         block_size=preset.block_size,
         recall=preset.recall,
-        needle_digits=preset.needle_digits,
+        needle=preset.needle,
         seed=seed,
         cache_dir=options.cache_dir,
         num_proc=options.num_proc,

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from difftransformer.data.needles import NeedleSpec
 from difftransformer.errors import UsageError
 from difftransformer.models import ATTENTION_KINDS, DiffTransformerConfig
 from difftransformer.train.mixture import RecallMix
@@ -65,8 +66,9 @@ class Preset:
     (None: the block size). Data: ``block_size`` (training sequence length), ``vocab_size`` (of the tokenizer
     trained on the data), ``eval_blocks`` (validation blocks of the periodic evaluation, None: all),
     ``needle_fraction`` (share of training blocks replaced by multi-needle retrieval examples; 0 disables them)
-    whose magic numbers have ``needle_digits`` digits (also in the retrieval evaluation), ``mqar_fraction`` and
-    ``induction_fraction`` (shares of training rows replaced by MQAR rows of ``mqar_pairs`` (lowest, highest)
+    whose magic numbers have ``needle_digits`` digits (:attr:`needle`, also in the retrieval evaluation),
+    ``mqar_fraction`` and ``induction_fraction`` (shares of training rows replaced by MQAR rows of
+    ``mqar_pairs`` (lowest, highest)
     key-value pairs and by induction rows, :class:`~difftransformer.train.mixture.RecallMix`). ``training``: the
     :class:`TrainingSettings` fields this preset sets (all of :data:`RECIPE`, some changed). ``evaluation``: what
     ``compare`` changes in its evaluation suite's light settings for this preset's models (task -> option ->
@@ -90,6 +92,11 @@ class Preset:
     description: str = ""
     training: Recipe = RECIPE
     evaluation: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    @property
+    def needle(self) -> NeedleSpec:
+        """The needles of this preset's retrieval rows and of their evaluation."""
+        return NeedleSpec(needle_digits=self.needle_digits)
 
     @property
     def recall(self) -> RecallMix:

@@ -15,31 +15,38 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from difftransformer.data.needles import CITIES, NEEDLE_TEMPLATE, QUESTION_TEMPLATE, make_needle_sample
+from difftransformer.data.needles import CITIES, DEFAULT_NEEDLE, NeedleSpec, make_needle_sample
 from difftransformer.errors import UsageError
 
-# The question's last line: the answer prefix repeated for each further needle.
-FOLLOW_UP_TEMPLATE = QUESTION_TEMPLATE[QUESTION_TEMPLATE.rindex("\n") :]
+
+def follow_up_template(spec: NeedleSpec) -> str:
+    """The question's last line (from its last newline on): the answer prefix, asked again for each further
+    needle."""
+    template = spec.question_template
+    return template[template.rfind("\n") :] if "\n" in template else "\n" + template
 
 
 class _EpisodeSizer:
     """Token counts of an episode's parts for given cities, to size its haystack before drawing it."""
 
-    def __init__(self, tokenizer, number_digits: int) -> None:
+    def __init__(self, tokenizer, spec: NeedleSpec) -> None:
         def count(text: str) -> int:
             return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
         # A number's token count depends on its digits only loosely (byte-level BPE): budget the widest.
-        number = "9" * number_digits
-        self.needle = {c: count(NEEDLE_TEMPLATE.format(city=c, number=number)) + 2 for c in CITIES}
+        number = spec.widest_number()
+        self.needle = {c: count(spec.needle_template.format(city=c, number=number)) + 2 for c in CITIES}
         self.answer = count(" " + number) + 2
-        self.follow_up = {c: count(FOLLOW_UP_TEMPLATE.format(city=c)) for c in CITIES}
+        self.follow_up = {c: count(follow_up_template(spec).format(city=c)) for c in CITIES}
         self.count = count
+        self.question_template = spec.question_template
 
     def fixed_tokens(self, cities: list[str]) -> int:
         """Needles, question and every answer: all of an episode but its haystack."""
         # The sample's context makes room for its longest question (one per queried city).
-        question = max(self.count(QUESTION_TEMPLATE.format(cities=", ".join(cities), city=c)) for c in cities)
+        question = max(
+            self.count(self.question_template.format(cities=", ".join(cities), city=c)) for c in cities
+        )
         return (
             sum(self.needle[c] for c in cities)
             + question
@@ -61,14 +68,14 @@ class NeedleRows:
         block_size: int,
         *,
         max_needles: int = 4,
-        number_digits: int = 6,
+        needle: NeedleSpec = DEFAULT_NEEDLE,
     ) -> None:
         self.ids = stream.numpy() if isinstance(stream, torch.Tensor) else np.asarray(stream)
         self.tokenizer = tokenizer
         self.block_size = block_size
         self.max_needles = max_needles
-        self.number_digits = number_digits
-        self.sizer = _EpisodeSizer(tokenizer, number_digits)
+        self.needle = needle
+        self.sizer = _EpisodeSizer(tokenizer, needle)
         smallest = min(self.sizer.fixed_tokens([c]) for c in CITIES) + 1
         if block_size < 2 * smallest:
             raise UsageError(
@@ -102,12 +109,14 @@ class NeedleRows:
                 num_queries=needles,
                 depth=float(rng.random()),
                 rng=rng,
-                number_digits=self.number_digits,
+                spec=self.needle,
                 cities=cities,
             )
             row += sample.prompt_ids[0] + sample.answer_ids[0]
             for city, answer in zip(sample.cities[1:], sample.answer_ids[1:]):
-                row += tokenizer(FOLLOW_UP_TEMPLATE.format(city=city), add_special_tokens=False)["input_ids"]
+                row += tokenizer(follow_up_template(self.needle).format(city=city), add_special_tokens=False)[
+                    "input_ids"
+                ]
                 row += answer
             row.append(tokenizer.eos_token_id)
         start = int(rng.integers(0, len(ids) - self.block_size))

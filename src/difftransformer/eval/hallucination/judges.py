@@ -190,7 +190,7 @@ class ModelJudge(Judge):
         self.yes_ids, self.no_ids = sorted(yes - no), sorted(no - yes)
         if not self.yes_ids or not self.no_ids:
             raise UsageError(
-                f"--judge {name}: its tokenizer does not tell 'Yes' from 'No' by their first token"
+                f"`judge` {name}: its tokenizer does not tell 'Yes' from 'No' by their first token"
             )
 
     @classmethod
@@ -198,7 +198,7 @@ class ModelJudge(Judge):
         cls, path: str | os.PathLike, *, device: str | torch.device = "cpu", dtype: str = "float32"
     ) -> ModelJudge:
         """Load a local checkpoint directory (weights and tokenizer) as a judge."""
-        model, tokenizer = load_model_and_tokenizer(path, dtype=dtype, device=str(device))
+        model, tokenizer = load_model_and_tokenizer(path, dtype=dtype, device=str(device), what="judge")
         return cls(model, tokenizer, name=str(path))
 
     def prompt_ids(self, source: str, output: str) -> list[int]:
@@ -213,12 +213,12 @@ class ModelJudge(Judge):
 
     def check(self, sources: Sequence[str], output_tokens: int) -> None:
         longest = max(len(self.prompt_ids(source, "")) for source in sources)
-        check_context_length(self.model, longest + output_tokens, f"--judge {self.name} (prompt tokens)")
+        check_context_length(self.model, longest + output_tokens, f"`judge` {self.name} (prompt tokens)")
 
     @torch.no_grad()
     def __call__(self, source: str, output: str) -> Judgment:
         ids = self.prompt_ids(source, output)
-        check_context_length(self.model, len(ids), f"--judge {self.name} (prompt tokens)")
+        check_context_length(self.model, len(ids), f"`judge` {self.name} (prompt tokens)")
         input_ids = torch.tensor([ids], device=model_device(self.model))
         logits = self.model(input_ids=input_ids, use_cache=False).logits[0, -1].float()
         probs = torch.softmax(logits, dim=-1)
@@ -249,5 +249,5 @@ def check_judge_spec(spec: str) -> None:
     """Refuse a judge that is neither "entities" nor a local checkpoint directory, before any long work."""
     if spec != "entities" and not os.path.isfile(os.path.join(spec, "config.json")):
         raise UsageError(
-            f"--judge must be 'entities' or a local model directory with a config.json; got {spec!r}"
+            f"`judge` must be 'entities' or a local model directory with a config.json; got {spec!r}"
         )

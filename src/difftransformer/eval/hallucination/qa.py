@@ -112,16 +112,16 @@ def max_distractors(attributes: Sequence[str]) -> int:
 def check_qa_settings(depths: Sequence[float], distractors: Sequence[int], attributes: Sequence[str]) -> None:
     """Refuse depths outside [0, 1], unknown attribute kinds and distractor counts no document can hold."""
     if not depths or any(not 0.0 <= d <= 1.0 for d in depths):
-        raise UsageError(f"depths must be a non-empty list of values in [0, 1]; got {list(depths)}")
+        raise UsageError(f"`depths` must be a non-empty list of values in [0, 1]; got {list(depths)}")
     unknown = [kind for kind in attributes if kind not in ATTRIBUTES]
     if not attributes or unknown or len(set(attributes)) != len(attributes):
         raise UsageError(
-            f"attributes must be distinct names from {', '.join(ATTRIBUTES)}; got {list(attributes)}"
+            f"`attributes` must be distinct names from {', '.join(ATTRIBUTES)}; got {list(attributes)}"
         )
     most = max_distractors(attributes)
     if not distractors or any(not 0 <= k <= most for k in distractors):
         raise UsageError(
-            f"distractors must be a non-empty list of counts in [0, {most}] (for attributes "
+            f"`distractors` must be a non-empty list of counts in [0, {most}] (for `attributes` "
             f"{', '.join(attributes)}); got {list(distractors)}"
         )
 
@@ -172,7 +172,7 @@ def make_qa_items(
     seeded by ``seed``, its distractor count and its depth, so that a cell's items do not depend on which
     other cells are asked for; the same seed gives the same items."""
     if samples < 1:
-        raise UsageError(f"samples must be >= 1; got {samples}")
+        raise UsageError(f"`samples` must be >= 1; got {samples}")
     check_qa_settings(depths, distractors, attributes)
     items = []
     for k in distractors:

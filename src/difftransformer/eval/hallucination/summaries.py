@@ -12,7 +12,7 @@ import numpy as np
 from difftransformer.data.bbc_news import bbc_news_articles
 from difftransformer.errors import UsageError
 from difftransformer.eval.common import load_texts
-from difftransformer.eval.hallucination.generation import Generate, prompt_tokens
+from difftransformer.eval.generation import Generate, prompt_tokens
 from difftransformer.eval.hallucination.judges import Judge
 
 SUMMARY_TEMPLATE = "{document}\n\nSummary in one sentence:"
@@ -36,8 +36,8 @@ def fit_document(
 
     if not fits(1):
         raise UsageError(
-            f"a summary prompt and {max_new_tokens} new tokens (--summary-max-new-tokens) do not fit "
-            f"{context_length} tokens even with one word of the document"
+            f"a summary prompt and {max_new_tokens} new tokens (`summary_max_new_tokens`) do not fit "
+            f"{context_length} tokens (`fit_context`) even with one word of the document"
         )
     low, high = 1, total  # fits(low) holds; find the largest n <= high that fits
     while low < high:
@@ -52,7 +52,7 @@ def pick_documents(documents: Sequence[str], count: int | None, seed: int) -> li
         return list(range(len(documents)))
     if not 1 <= count <= len(documents):
         raise UsageError(
-            f"--summaries must lie in [1, {len(documents)}] (the documents available); got {count}"
+            f"`summaries` must lie in [1, {len(documents)}] (the documents available); got {count}"
         )
     rng = np.random.default_rng([seed, len(documents)])
     return sorted(rng.choice(len(documents), size=count, replace=False).tolist())
@@ -101,10 +101,10 @@ def load_documents(
         name, found = "bbc_news", list(_bbc_news(cache_dir, words))
     elif documents == "held_out":
         if not texts:
-            raise UsageError("documents='held_out' needs held-out texts; none were given")
+            raise UsageError("`documents` held_out needs held-out texts; none were given")
         name, found = "held_out", list(texts)
     elif isinstance(documents, str):
-        raise UsageError(f"documents must be 'bbc_news', 'held_out' or a list of files; got {documents!r}")
+        raise UsageError(f"`documents` must be 'bbc_news', 'held_out' or a list of files; got {documents!r}")
     else:
-        name, found = f"{len(documents)} files", load_texts(documents)
+        name, found = f"{len(documents)} files", load_texts(documents, what="documents")
     return name, [cut_words(text, words) for text in found if text.split()]

