@@ -44,7 +44,7 @@ class Reached(Exception):
 
 # Where each command's work begins: after these are called, nothing may be refused any more.
 WORK = {
-    "prepare": ["difftransformer.data.cli.open_corpus"],
+    "prepare": ["difftransformer.data.options.DataOptions.open_corpus"],
     "train": ["difftransformer.train.cli.prepare_preset_data", "difftransformer.train.cli.initial_model"],
     "compare": ["difftransformer.compare.cli.prepare_preset_data"],
     "plan": ["difftransformer.train.plan_cli.make_plan"],

@@ -394,7 +394,7 @@ def test_corrupt_block_cache_is_rebuilt(tokenizer, tmp_path, damage):
 
 
 def test_too_little_text_for_one_block(tokenizer, tmp_path):
-    with pytest.raises(CorpusError, match=r"texts: 1 document\(s\) give \d+ tokens .* block_size=512"):
+    with pytest.raises(CorpusError, match=r"`texts`: 1 document\(s\) give \d+ tokens .* block_size=512"):
         packed_blocks(["To be."], tokenizer, 512, cache_dir=tmp_path)
     with pytest.raises(ValueError, match="`block_size` must be an integer >= 2"):
         packed_blocks(["To be."], tokenizer, 0, cache_dir=tmp_path)
@@ -429,7 +429,7 @@ def test_prepare_command(tmp_path, capsys):
     small.cache_dir = tmp_path / "cache"
     with (
         pytest.warns(UserWarning),
-        pytest.raises(CorpusError, match=r"--data .*doc00\.txt, \w+ split: texts"),
+        pytest.raises(CorpusError, match=r"`data` .*doc00\.txt, \w+ split: `texts`"),
     ):
         prepare_cli.run(small)
 

@@ -17,6 +17,7 @@ import torch
 
 from difftransformer.data import (
     CorpusError,
+    DataOptions,
     FileCorpus,
     load_corpus,
     open_corpus,
@@ -136,10 +137,10 @@ def test_prepare_then_train_data_reuses_the_cache(tokenizer, tmp_path, monkeypat
         raise AssertionError("re-tokenised although prepare cached these blocks")
 
     monkeypatch.setattr(blocks_module, "tokenize_documents", no_tokenising)
-    data = prepare_data(
-        data=[str(tmp_path / "d.jsonl")], tokenizer_path=str(tmp_path / "tok"), vocab_size=300, block_size=32,
-        cache_dir=tmp_path / "cache",
-    )  # fmt: skip
+    options = DataOptions(
+        data=[str(tmp_path / "d.jsonl")], tokenizer=str(tmp_path / "tok"), cache_dir=str(tmp_path / "cache")
+    )
+    data = prepare_data(options=options, vocab_size=300, block_size=32)
     assert data.train_blocks.dtype == torch.int64 and data.train_blocks.shape[1] == 32
     assert len(data.test_texts) == 20 and all(isinstance(t, str) for t in data.test_texts)
 

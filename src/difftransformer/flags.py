@@ -27,12 +27,17 @@ import dataclasses
 import math
 import typing
 from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import HfArgumentParser
 from transformers.hf_argparser import string_to_bool
 
-__all__ = ["add_flags", "flag", "flag_spellings", "given"]
+from difftransformer.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["add_flags", "flag", "flag_spellings", "given", "torch_device"]
 
 # Our own keys of a field's ``metadata`` (HfArgumentParser hands every other key to ``add_argument``): a function
 # reading one command-line word, and one writing the default as the help shows it.
@@ -67,6 +72,22 @@ def number(text: str) -> float:
 
 # The types HfArgumentParser gives numeric fields, and ours in their place.
 _BOUNDED_TYPES = {int: integer, float: number}
+
+
+def torch_device(value: str, field: str = "device") -> torch.device:
+    """The torch device a ``device`` option names; a UsageError naming ``field`` for a name torch does not know or
+    a CUDA device on a machine without one (checked before any model is built)."""
+    import torch  # not at the top: most flags need no torch
+
+    try:
+        device = torch.device(value)
+    except RuntimeError as err:
+        raise UsageError(f"`{field}` must name a torch device such as cpu or cuda; got {value!r}") from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(
+            f"`{field}` {value}: CUDA is not available on this machine (torch {torch.__version__})"
+        )
+    return device
 
 
 def _items(kind: Callable[[str], Any]) -> Callable[[str], list]:

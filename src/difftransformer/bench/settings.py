@@ -14,6 +14,7 @@ import torch
 
 from difftransformer.bench.workloads import BenchShape
 from difftransformer.errors import UsageError, check_seed
+from difftransformer.flags import torch_device
 from difftransformer.ops import BACKENDS
 
 SECTIONS = ("op", "train", "decode", "memory")
@@ -127,16 +128,7 @@ class BenchSettings:
                 f"`threads` must lie in [1, {os.cpu_count()}] (the CPU count); got {self.threads}"
             )
         check_seed(self.seed)
-        try:
-            device = torch.device(self.device)
-        except RuntimeError as err:
-            raise UsageError(
-                f"`device` must name a torch device such as cpu or cuda; got {self.device!r}"
-            ) from err
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise UsageError(
-                f"`device` {self.device}: CUDA is not available on this machine (torch {torch.__version__})"
-            )
+        torch_device(self.device)
 
     @property
     def shape(self) -> BenchShape:

@@ -11,7 +11,6 @@ import argparse
 
 from difftransformer.data.blocks import packed_blocks
 from difftransformer.data.corpus import SPLITS, CorpusError
-from difftransformer.data.files import open_corpus
 from difftransformer.data.options import DataOptions, PrepareOptions
 from difftransformer.data.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 from difftransformer.errors import UsageError
@@ -37,15 +36,7 @@ def run(args: argparse.Namespace) -> int:
         )
     data.check_locations()
     output = check_output_dir(options.output_dir, "output_dir")
-    validation_fraction, test_fraction = data.held_out
-    corpus = open_corpus(
-        data.data,
-        cache_dir=data.cache_dir,
-        seed=options.seed,
-        validation_fraction=validation_fraction,
-        test_fraction=test_fraction,
-        text_field=data.field_name,
-    )
+    corpus = data.open_corpus(options.seed)
     if data.tokenizer:
         tokenizer = load_tokenizer(data.tokenizer)
     else:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from difftransformer.data.corpus import CorpusSplits
+from difftransformer.data.files import FileCorpus, open_corpus
 from difftransformer.data.tokenizer import MIN_VOCAB_SIZE, TOKENIZER_FILES
 from difftransformer.errors import UsageError, check_seed
 from difftransformer.storage import cache_dir, check_input_dir, check_output_dir
@@ -89,6 +91,19 @@ class DataOptions:
     def field_name(self) -> str:
         """The record field holding the text (default: text)."""
         return self.text_field or "text"
+
+    def open_corpus(self, seed: int) -> CorpusSplits | FileCorpus:
+        """The corpus these options name, split by document with ``seed``
+        (:func:`~difftransformer.data.files.open_corpus`; the built-in corpus when ``data`` is unset)."""
+        validation_fraction, test_fraction = self.held_out
+        return open_corpus(
+            self.data,
+            cache_dir=self.cache_dir,
+            seed=seed,
+            validation_fraction=validation_fraction,
+            test_fraction=test_fraction,
+            text_field=self.field_name,
+        )
 
     def check_locations(self) -> None:
         """Refuse, before any work, a tokenizer folder that does not exist or holds no tokenizer, and a cache

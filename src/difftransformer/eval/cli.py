@@ -18,12 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import torch
-
 from difftransformer.errors import MissingInputError, UsageError, check_seed
 from difftransformer.eval.options import to_json
 from difftransformer.eval.registry import all_tasks, get_task
-from difftransformer.flags import add_flags, flag, given
+from difftransformer.flags import add_flags, flag, given, torch_device
 from difftransformer.storage import check_input_dir, check_output_dir, read_json, versions, write_json
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -46,14 +44,7 @@ class TaskRunOptions:
 
     def __post_init__(self) -> None:
         check_seed(self.seed)
-        try:
-            device = torch.device(self.device)
-        except RuntimeError as err:
-            raise UsageError(
-                f"`device` must name a torch device such as cpu or cuda; got {self.device!r}"
-            ) from err
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise UsageError(f"`device` {self.device}: CUDA is not available on this machine")
+        torch_device(self.device)
 
     def output(self, task: str) -> Path:
         """The results folder of ``task``."""

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from difftransformer.data import DataOptions, load_tokenizer, open_corpus, packed_blocks, train_tokenizer
+from difftransformer.data import DataOptions, load_tokenizer, packed_blocks, train_tokenizer
 from difftransformer.data.needles import DEFAULT_NEEDLE, NeedleSpec
 from difftransformer.train.mixture import MixedBlocks, RecallMix
 from difftransformer.train.presets import Preset
@@ -59,37 +58,23 @@ class PreparedData:
 
 def prepare_data(
     *,
-    data: list[str] | None,
-    tokenizer_path: str | None,
+    options: DataOptions,
     vocab_size: int,
     block_size: int,
     recall: RecallMix | None = None,
     needle: NeedleSpec = DEFAULT_NEEDLE,
     seed: int = 0,
-    cache_dir: str | Path | None = None,
-    num_proc: int | None = None,
-    validation_fraction: float = 0.05,
-    test_fraction: float = 0.05,
-    text_field: str = "text",
 ) -> PreparedData:
-    """Load ``data`` (None: the built-in Shakespeare), train a byte-level BPE on its training split (or load
-    ``tokenizer_path``) and pack every split into blocks; ``recall`` rows (multi-needle retrieval examples whose
-    haystacks come from the training text, MQAR and induction rows) are drawn in as the data is served
-    (:attr:`PreparedData.train_dataset`). The corpus is streamed, never
-    held in memory; ``num_proc`` processes tokenise it (default: the CPU count) when its blocks are not cached.
-    ``validation_fraction``, ``test_fraction`` and ``text_field`` apply to ``data``
-    (:func:`~difftransformer.data.open_corpus`)."""
-    corpus = open_corpus(
-        data,
-        cache_dir=cache_dir,
-        seed=seed,
-        validation_fraction=validation_fraction,
-        test_fraction=test_fraction,
-        text_field=text_field,
-    )
+    """Open the corpus ``options`` name (:meth:`DataOptions.open_corpus`, split with ``seed``), train a byte-level
+    BPE of ``vocab_size`` on its training split (or load ``options.tokenizer``) and pack every split into blocks of
+    ``block_size``; ``recall`` rows (multi-needle retrieval examples whose haystacks come from the training text,
+    MQAR and induction rows) are drawn in as the data is served (:attr:`PreparedData.train_dataset`). The corpus is
+    streamed, never held in memory; ``options.num_proc`` processes tokenise it (default: the CPU count) when its
+    blocks are not cached."""
+    corpus = options.open_corpus(seed)
     tokenizer = (
-        load_tokenizer(tokenizer_path)
-        if tokenizer_path
+        load_tokenizer(options.tokenizer)
+        if options.tokenizer
         else train_tokenizer(corpus.documents("train"), vocab_size)
     )
     train, validation, test = (
@@ -97,8 +82,8 @@ def prepare_data(
             lambda split=split: corpus.documents(split),
             tokenizer,
             block_size,
-            cache_dir=cache_dir,
-            num_proc=num_proc,
+            cache_dir=options.cache_dir,
+            num_proc=options.num_proc,
             desc=split,
         )
         for split in ("train", "validation", "test")
@@ -120,16 +105,10 @@ def prepare_preset_data(preset: Preset, options: DataOptions, seed: int) -> Prep
     """:func:`prepare_data` for a run of ``preset`` (its vocabulary, block size and retrieval mix) on the data and
     tokenizer ``options`` name, drawn with ``seed`` (``train`` and ``compare`` alike)."""
     return prepare_data(
-        data=options.data,
-        tokenizer_path=options.tokenizer,
+        options=options,
         vocab_size=preset.vocab_size,
         block_size=preset.block_size,
         recall=preset.recall,
         needle=preset.needle,
         seed=seed,
-        cache_dir=options.cache_dir,
-        num_proc=options.num_proc,
-        validation_fraction=options.held_out[0],
-        test_fraction=options.held_out[1],
-        text_field=options.field_name,
     )
