@@ -30,6 +30,7 @@ from difftransformer import cli
 from difftransformer.compare import cli as compare_cli
 from difftransformer.compare.runs import plan_comparison
 from difftransformer.data.tokenizer import TOKENIZER_FILES
+from difftransformer.eval.common import load_model_and_tokenizer
 from difftransformer.flags import INT64
 from difftransformer.generate import load_model
 from difftransformer.train.cli import resolved_preset, training_options
@@ -527,3 +528,23 @@ def test_lm_eval_says_in_one_line_that_a_hub_task_needs_the_hub(models, workdir,
         and last.startswith("difftransformer lm-eval: error: ")
         and "not reachable" in last
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "names", "not_named"),
+    [
+        # The prompt's length depends on --distractors too; the refusal names the flag given with it.
+        (["hallucination", "--qa-max-new-tokens", "100000"], "--qa-max-new-tokens 100000", "None"),
+        (["mqar", "--first-id", "310"], "--first-id", "None"),
+    ],
+)
+def test_eval_task_refusals_name_the_flag_given(argv, names, not_named, models, workdir, monkeypatch, capsys):
+    # These depend on the model (its vocabulary, its context): they come once it is loaded, whose progress bar
+    # stands above the one line.
+    monkeypatch.setattr("difftransformer.eval.common.load_model_and_tokenizer", load_model_and_tokenizer)
+    capsys.readouterr()
+    assert cli.main(["eval", argv[0], "--model", str(models["diff"]), *argv[1:]]) == 2
+    err = capsys.readouterr().err
+    line = err.strip().splitlines()[-1]
+    assert "Traceback" not in err and line.startswith("difftransformer eval: error: ")
+    assert names in line and not_named not in line, line
