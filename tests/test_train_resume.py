@@ -10,15 +10,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import test_train
 from difftransformer.cli import main
 from difftransformer.train.checkpoints import COMPLETE_MARKER
 from difftransformer.train.lock import LOCK_NAME
 from difftransformer.train.runner import METRICS_CSV, SUMMARY_JSON, train_model
 from test_train import StopAt, config_for, options, train_losses
 from test_train_support import synthetic_texts
-
-data = test_train.data  # the tokenizer and blocks fixture
 
 
 def test_set_aside_checkpoint_survives_rotation(tmp_path, data):
