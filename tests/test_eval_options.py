@@ -8,7 +8,8 @@ import pytest
 
 from difftransformer.cli import main
 from difftransformer.data.needles import NeedleSpec
-from difftransformer.eval import longctx, mqar, needle
+from difftransformer.eval import attention, icl, longctx, mqar, needle, outliers, quant
+from difftransformer.eval.hallucination import HallucinationOptions
 from difftransformer.eval.haystack import needle_tokens
 from difftransformer.eval.registry import TASKS
 from difftransformer.flags import add_flags, given
@@ -139,3 +140,57 @@ def test_every_task_runs_with_no_flag_on_a_micro_run(micro_run, tmp_path, task, 
     assert read_json(tmp_path / f"{task}.json")["task"] == task
     if task != "mqar":  # mqar's default sequences fit 256 tokens
         assert "defaults fitted to the model's max_position_embeddings = 256" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "options, settings, message",
+    [
+        (quant.QuantOptions, {"bits": [8, 65]}, r"`bits` must be <= 24; got \[8, 65\]"),
+        (quant.QuantOptions, {"bits": [1]}, r"`bits` must be >= 2"),
+        (quant.QuantOptions, {"bits": []}, "`bits` must hold at least one value"),
+        (quant.QuantOptions, {"mqar_pairs": -1}, "`mqar_pairs` must be >= 0"),
+        (longctx.LongctxOptions, {"length": 1}, "`length` must be >= 2"),
+        (longctx.LongctxOptions, {"num_sequences": 10**12}, "`num_sequences` must be <= 1000000"),
+        (outliers.OutliersOptions, {"tokens": 10**10}, "`tokens` must be <= 1000000000"),
+        (outliers.OutliersOptions, {"length": 0, "tokens": 8}, "`length` must be >= 1"),
+        (icl.IclOptions, {"shots": [4, 4]}, "`shots` must hold distinct values"),
+        (icl.IclOptions, {"orderings": 0}, "`orderings` must be >= 1"),
+        (icl.IclOptions, {"text_column": " "}, "`text_column` must name a column"),
+        (
+            icl.IclOptions,
+            {"data_file": "/nonexistent/labels.csv"},
+            "`data_file` '/nonexistent/labels.csv' does not",
+        ),
+        (mqar.MqarOptions, {"seed": 2**32}, r"`seed` must lie in \[0, 2\*\*32 - 1\]"),
+        (mqar.MqarOptions, {"allocation": -1}, "`allocation` must be >= 0"),
+        (attention.AttentionOptions, {"heatmap_head": -1}, "`heatmap_head` must be >= 0"),
+        (
+            attention.AttentionOptions,
+            {"needles": ["1:1", "2:1"]},
+            "attention takes exactly one `needles` value",
+        ),
+        (HallucinationOptions, {"qa_max_new_tokens": 0}, "`qa_max_new_tokens` must be >= 1"),
+        (HallucinationOptions, {"fit_context": 10**9}, "`fit_context` must be <= 1000000"),
+        (HallucinationOptions, {"distractors": [1, 1]}, "`distractors` must hold distinct values"),
+    ],
+)
+def test_every_task_refuses_what_its_options_cannot_mean(options, settings, message):
+    with pytest.raises(ValueError, match=message):
+        options(**settings)
+
+
+def test_the_command_refuses_bad_options_in_one_line_before_any_model(tmp_path, capsys):
+    missing = str(tmp_path / "no-model")  # never read: the options are refused first
+    for argv, message in (
+        (["quant", "--bits", "65"], "--bits must be <= 24; got [65]"),
+        (["mqar", "--seed", "-1"], "--seed must lie in [0, 2**32 - 1]; got -1"),
+        (["needle", "--samples", "0"], "--samples must be >= 1; got 0"),
+        (
+            ["mqar", "--lengths", "8", "--num-pairs", "4"],
+            "no length of --lengths [8] holds any of --num-pairs [4] with its queries (4 tokens a pair when every key is queried)",
+        ),
+    ):
+        assert main(["eval", *argv, "--model", missing, "--output-dir", str(tmp_path / "out")]) == 2
+        (error,) = capsys.readouterr().err.strip().splitlines()
+        assert error.endswith(message), error
+    assert not (tmp_path / "out").exists()

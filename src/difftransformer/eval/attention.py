@@ -45,7 +45,7 @@ from difftransformer.eval.haystack import (
     require_needles_fit,
     validate_needle_run,
 )
-from difftransformer.eval.maps import Panels, allocation, attention_maps, heatmap_panels
+from difftransformer.eval.maps import Panels, allocation, attention_maps, check_head, heatmap_panels
 from difftransformer.eval.options import at_least, option
 from difftransformer.eval.task import Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.plotting import pyplot, save_figure
@@ -88,6 +88,8 @@ def run_attention(
     (context_length,), [(num_needles, num_queries)] = options.context_lengths, options.pairs
     stream = encode(tokenizer, "\n".join(haystack_texts))
     validate_needle_run(model, tokenizer, len(stream), options)
+    if options.heatmaps:
+        check_head(model, options.heatmap_head)
     # The gold answer's tokens follow the prompt (teacher forcing) as a greedy answer would: like needle's decoding,
     # only the prompt is held to max_position_embeddings (validate_needle_run), so a model trained on blocks of
     # exactly the context length is read at that length.

@@ -244,6 +244,9 @@ class IclOptions:
             raise UsageError(
                 f"icl reads one of `data_file`, `dataset`, `bbc_news`; got {', '.join(f'`{s}`' for s in sources)}"
             )
+        for name in ("text_column", "label_column", "dataset_split"):
+            if not getattr(self, name).strip():
+                raise UsageError(f"`{name}` must name a column or split; got {getattr(self, name)!r}")
         if self.data_file is not None and not Path(self.data_file).is_file():
             raise MissingInputError(f"`data_file` {self.data_file!r} does not exist")
 

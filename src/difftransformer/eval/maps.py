@@ -89,6 +89,14 @@ def combined_heads(model: nn.Module) -> int:
     return heads // 2 if _is_diffllama(model) else heads
 
 
+def check_head(model: nn.Module, head: int | None) -> None:
+    """Refuse a ``heatmap_head`` the model's combined maps do not have (None, the mean over heads, passes)."""
+    if head is not None and not 0 <= head < combined_heads(model):
+        raise UsageError(
+            f"`heatmap_head` must lie in [0, {combined_heads(model) - 1}] (the model's heads); got {head}"
+        )
+
+
 # One layer's heatmap panels: (title, (T, S) map) in the order they are drawn.
 Panels = list[tuple[str, np.ndarray]]
 
@@ -103,10 +111,7 @@ def heatmap_panels(model: nn.Module, input_ids: torch.Tensor, head: int | None =
     shown). Any other model: its softmax map. The difference is the map the layer computes its output from
     (``output_attentions``), not recomputed here.
     """
-    if head is not None and not 0 <= head < combined_heads(model):
-        raise UsageError(
-            f"`heatmap_head` must lie in [0, {combined_heads(model) - 1}] (the model's heads); got {head}"
-        )
+    check_head(model, head)
 
     def pick(maps: torch.Tensor) -> np.ndarray:  # (1, H, T, S) -> (T, S)
         chosen = maps[0].float().mean(0) if head is None else maps[0, head].float()
