@@ -278,8 +278,8 @@ def _finished_run(
             write_json(output_dir / SUMMARY_JSON, asdict(result))
     if is_main_process():
         print(
-            f"{output_dir} is complete: {checkpoint.name} reached `max_steps` {args.max_steps}; nothing to train "
-            "(raise `max_steps` to train on)"
+            f"{output_dir} is complete: {checkpoint.name} reached --max-steps {args.max_steps}; nothing to train "
+            "(raise --max-steps to train on)"
         )
     return result
 
