@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code df60e42ff7e6fbbe; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code e0dc057f8f61520e; change the package, not this file.
 """The Differential Transformer's configuration, generated from difftransformer/models/configuration.py."""
 
 from __future__ import annotations
@@ -118,6 +118,11 @@ class DiffTransformerConfig(PreTrainedConfig):
             self.num_key_value_heads = self.num_attention_heads
         if self.intermediate_size is None:
             self.intermediate_size = 64 * math.ceil(8 * self.hidden_size / 3 / 64)
+        # Tensor-parallel plan of the base model (``from_pretrained(..., tp_plan="auto")``), for this kind; an instance
+        # attribute, as transformers' own __post_init__ extends it for tied embeddings in some versions.
+        self.base_model_tp_plan = dict(_TP_PLAN)
+        if self.attention == "diff_v2":
+            self.base_model_tp_plan["layers.*.self_attn.lambda_proj"] = "colwise"
         super().__post_init__(**kwargs)
         self.check()
 
@@ -196,13 +201,6 @@ class DiffTransformerConfig(PreTrainedConfig):
         """Width d of one softmax map's queries and keys, the rotated width (the matched Transformer's head dim):
         head_dim / 2 for DIFF V1, head_dim otherwise."""
         return self.head_dim // 2 if self.attention == "diff" else self.head_dim
-
-    @property
-    def base_model_tp_plan(self) -> dict[str, str]:
-        """Tensor-parallel plan of the base model (``from_pretrained(..., tp_plan="auto")``), for this kind."""
-        if self.attention == "diff_v2":
-            return {**_TP_PLAN, "layers.*.self_attn.lambda_proj": "colwise"}
-        return dict(_TP_PLAN)
 
     def matched_baseline(self) -> DiffTransformerConfig:
         """The softmax Transformer the paper compares against: 2h heads of width d (2h_kv KV heads) for DIFF V1,

@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code df60e42ff7e6fbbe; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code e0dc057f8f61520e; change the package, not this file.
 """The Differential Transformer (DIFF V1, DIFF V2) and its matched softmax Transformer as transformers
 models: every operator, layer and model class they run, generated from the package's sources named below."""
 

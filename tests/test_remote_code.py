@@ -170,13 +170,16 @@ def test_trainer_checkpoints_carry_the_code(tmp_path):
 
 
 def test_the_committed_model_code_is_what_the_sources_generate():
-    """hub/ holds the two files a saved folder carries, committed for readers (make hub writes them again): they
-    must be what the package's sources generate now."""
+    """hub/ holds the two files a saved folder carries, committed for readers, and the vLLM plugin the configuration
+    (make hub writes them again): they must be what the package's sources generate now."""
     hub = PACKAGE_ROOT.parent / "hub"
     assert {path.name for path in hub.glob("*.py")} == set(remote_code.model_code())
-    assert remote_code.stale_model_code(hub) == [], (
-        "the model sources changed: run `make hub` and commit hub/"
-    )
+    stale = remote_code.stale_model_code(hub)
+    assert stale == [], "the model sources changed: run `make hub` and commit hub/ and serving/vllm"
+    # the vLLM plugin registers the same configuration class with transformers
+    plugin = PACKAGE_ROOT.parent / "serving" / "vllm" / "src" / "difftransformer_vllm"
+    configuration = remote_code.model_code()[remote_code.CONFIGURATION_FILE]
+    assert (plugin / remote_code.CONFIGURATION_FILE).read_text() == configuration
 
 
 def test_regenerating_changes_nothing_and_both_files_carry_the_hash_of_the_pair(tmp_path, monkeypatch):

@@ -1,0 +1,229 @@
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code e0dc057f8f61520e; change the package, not this file.
+"""The Differential Transformer's configuration, generated from difftransformer/models/configuration.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable
+
+from transformers import PreTrainedConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, RopeParameters
+
+SUBLN_MODES = ("affine", "plain", "none")
+ATTENTION_BACKENDS = ("auto", "reference", "sdpa", "blocked", "decode", "fused_cpu", "flex")
+ROPE_STYLES = ("interleaved", "half")
+
+
+ATTENTION_KINDS: tuple[str, ...] = ("diff", "diff_v2", "softmax")
+
+
+# config.json's ``auto_map``: the folder's own code files (models/remote_code.py writes them) for the Auto classes.
+AUTO_MAP = {
+    "AutoConfig": "configuration_difftransformer.DiffTransformerConfig",
+    "AutoModel": "modeling_difftransformer.DiffTransformerModel",
+    "AutoModelForCausalLM": "modeling_difftransformer.DiffTransformerForCausalLM",
+}
+
+
+# Called with the folder after every save_pretrained: the package registers the writer of the model's code
+# (models/remote_code.py); the code a saved folder carries has none, and transformers copies its files along.
+SAVE_HOOKS: list[Callable[[str | os.PathLike], None]] = []
+
+
+# Tensor parallelism: column-wise q/k/v keep whole heads on a shard (DIFF V1's adjacent Q1|Q2 and K1|K2 rows, DIFF
+# V2's adjacent query-head pairs, each pair's lambda_proj row), row-wise o_proj, as Llama's plan.
+_TP_PLAN = {
+    "layers.*.self_attn.q_proj": "colwise",
+    "layers.*.self_attn.k_proj": "colwise",
+    "layers.*.self_attn.v_proj": "colwise",
+    "layers.*.self_attn.o_proj": "rowwise",
+    "layers.*.mlp.gate_proj": "colwise",
+    "layers.*.mlp.up_proj": "colwise",
+    "layers.*.mlp.down_proj": "rowwise",
+}
+
+
+class DiffTransformerConfig(PreTrainedConfig):
+    r"""Llama-style configuration for the Differential Transformer and its matched baseline.
+
+    Args:
+        vocab_size: number of token ids.
+        hidden_size: d_model.
+        intermediate_size: SwiGLU hidden size; None gives 8/3 * d_model rounded up to a multiple of 64.
+        num_hidden_layers: depth.
+        num_attention_heads: for ``attention="diff"`` the differential heads h (each holds two maps of width
+            d = hidden_size / (2h)), as in the authors' code; for "diff_v2" and "softmax" the ordinary heads
+            (width d = hidden_size / heads). ``head_dim`` is hidden_size / num_attention_heads for every kind:
+            the width of a head's value and of its cache entries (2d for DIFF V1), as transformers sizes caches.
+        num_key_value_heads: KV heads counted like ``num_attention_heads``; None means no GQA.
+        map_dim: DIFF V1 only: the maps' width d when it is not hidden_size / (2h), so that heads are 2d wide
+            whatever d_model; a DIFF V1 model upcycled from a softmax one keeps the source's head width as d
+            (convert/upcycle.py). None: hidden_size / (2h).
+        attention: "diff" (DIFF V1), "diff_v2" (the authors' 2026 revision) or "softmax" (the baseline).
+        rope_style: "interleaved" (the authors' GPT-J pairing) or "half" (Llama/DiffLlama pairing).
+        subln: DIFF V1 per-head RMSNorm: "affine" (learnable gain, the authors' current code), "plain" (no
+            gain: the paper, DiffLlama), "none" (the ablation).
+        subln_eps: eps of that per-head norm.
+        lambda_init: "depth" for 0.8 - 0.6 exp(-0.3 l) with l the 0-based layer, or a constant.
+        lambda_std: std of the lambda vectors' normal init.
+        rms_norm_eps: eps of the block and final RMSNorms.
+        rope_parameters: transformers' RoPE dict: ``rope_type`` ("default", "linear", "dynamic", "yarn", ...),
+            ``rope_theta`` (the rotary base, default 10000) and the type's fields (``factor``, ...). A
+            ``rope_theta=`` argument (older configs) lands in it.
+        max_position_embeddings: longest sequence the model is meant for (checked on input).
+        initializer_range: std of the normal init of linear and embedding weights.
+        causal: causal self-attention (False gives an encoder).
+        attention_backend: DIFF V1's operator backend under ``attn_implementation="sdpa"`` (transformers'
+            default): "auto" (chosen per device, dtype and shape; the fused C++ kernel on CPU float32), "reference"
+            (materialized, exact), "sdpa" (two fused SDPA calls over V's halves), "blocked" (the baseline's FLOPs,
+            one query block at a time), "decode" (a few queries: K and V read once), "fused_cpu" or "flex". See
+            docs/performance.md. ``attn_implementation`` "eager" runs "reference", "flex_attention" "flex". The
+            softmax baseline and DIFF V2 take every attention implementation transformers registers, as Llama
+            does; for them this field stays "auto".
+        tie_word_embeddings: share the embedding and lm_head weights.
+    """
+
+    model_type = "difftransformer"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    vocab_size: int = 4096
+    hidden_size: int = 256
+    intermediate_size: int | None = None
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int | None = None
+    map_dim: int | None = None
+    attention: str = "diff"
+    rope_style: str = "interleaved"
+    subln: str = "affine"
+    subln_eps: float = 1e-5
+    lambda_init: str | float = "depth"
+    lambda_std: float = 0.1
+    rms_norm_eps: float = 1e-5
+    rope_parameters: RopeParameters | dict | None = None
+    max_position_embeddings: int = 2048
+    initializer_range: float = 0.02
+    causal: bool = True
+    attention_backend: str = "auto"
+    use_cache: bool = True
+    tie_word_embeddings: bool = False
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    def __post_init__(self, **kwargs):
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.intermediate_size is None:
+            self.intermediate_size = 64 * math.ceil(8 * self.hidden_size / 3 / 64)
+        # Tensor-parallel plan of the base model (``from_pretrained(..., tp_plan="auto")``), for this kind; an instance
+        # attribute, as transformers' own __post_init__ extends it for tied embeddings in some versions.
+        self.base_model_tp_plan = dict(_TP_PLAN)
+        if self.attention == "diff_v2":
+            self.base_model_tp_plan["layers.*.self_attn.lambda_proj"] = "colwise"
+        super().__post_init__(**kwargs)
+        self.check()
+
+    def check(self) -> None:
+        """Raise ValueError naming the first field that cannot build a model."""
+
+        def choose(field: str, allowed: tuple[str, ...]) -> None:
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"{field} must be one of {allowed}; got {getattr(self, field)!r}")
+
+        choose("attention", ATTENTION_KINDS)
+        choose("rope_style", ROPE_STYLES)
+        choose("subln", SUBLN_MODES)
+        choose("attention_backend", ATTENTION_BACKENDS)
+        if self.attention != "diff" and self.attention_backend != "auto":
+            raise ValueError(
+                f"attention_backend picks DIFF V1's operator; attention={self.attention!r} runs transformers' "
+                f"attention implementations (attn_implementation='eager', 'sdpa', ...): got attention_backend="
+                f"{self.attention_backend!r}, expected 'auto'"
+            )
+        for field in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+        ):
+            if not isinstance(getattr(self, field), int) or getattr(self, field) < 1:
+                raise ValueError(f"{field} must be a positive integer; got {getattr(self, field)!r}")
+        heads, kv_heads = self.num_attention_heads, self.num_key_value_heads
+        if not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads:
+            raise ValueError(
+                f"num_key_value_heads must be a positive divisor of num_attention_heads ({heads}); got {kv_heads}"
+            )
+        maps = 2 * heads if self.attention == "diff" else heads
+        if self.map_dim is not None:
+            if self.attention != "diff":
+                raise ValueError(f"map_dim is for attention='diff' only; got attention={self.attention!r}")
+            if not isinstance(self.map_dim, int) or self.map_dim < 1:
+                raise ValueError(f"map_dim must be a positive integer or None; got {self.map_dim!r}")
+        elif self.hidden_size % maps:
+            what = (
+                "2 * num_attention_heads (two maps per differential head)"
+                if self.attention == "diff"
+                else ("num_attention_heads")
+            )
+            raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by {what} = {maps}")
+        if self.map_head_dim % 2:
+            raise ValueError(
+                f"the rotary width (the maps' head dim d = map_dim or hidden_size / {maps} = {self.map_head_dim}) "
+                "must be even"
+            )
+        rope_type = self.rope_parameters.get("rope_type")
+        if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
+            raise ValueError(
+                f"rope_parameters['rope_type'] must be 'default' or one of {sorted(ROPE_INIT_FUNCTIONS)}; "
+                f"got {rope_type!r}"
+            )
+        self.validate_rope()
+        if isinstance(self.lambda_init, str):
+            if self.lambda_init != "depth":
+                raise ValueError(f"lambda_init must be 'depth' or a number; got {self.lambda_init!r}")
+        elif not isinstance(self.lambda_init, (int, float)) or isinstance(self.lambda_init, bool):
+            raise ValueError(f"lambda_init must be 'depth' or a number; got {self.lambda_init!r}")
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one head's value and cache entries, hidden_size / num_attention_heads (2 * map_dim when set):
+        2d for DIFF V1 (its K1 | K2 and its 2d-wide V), d for the others. Caches are (B, num_key_value_heads, S, head_dim)."""
+        if self.map_dim is not None:
+            return 2 * self.map_dim
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def map_head_dim(self) -> int:
+        """Width d of one softmax map's queries and keys, the rotated width (the matched Transformer's head dim):
+        head_dim / 2 for DIFF V1, head_dim otherwise."""
+        return self.head_dim // 2 if self.attention == "diff" else self.head_dim
+
+    def matched_baseline(self) -> DiffTransformerConfig:
+        """The softmax Transformer the paper compares against: 2h heads of width d (2h_kv KV heads) for DIFF V1,
+        the same heads for DIFF V2; every other field unchanged."""
+        factor = 2 if self.attention == "diff" else 1
+        return dataclasses.replace(
+            self,
+            attention="softmax",
+            num_attention_heads=factor * self.num_attention_heads,
+            num_key_value_heads=factor * self.num_key_value_heads,
+            rope_parameters=dict(self.rope_parameters),
+        )
+
+    def save_pretrained(self, save_directory: str | os.PathLike, push_to_hub: bool = False, **kwargs) -> None:
+        """transformers' ``save_pretrained`` with ``auto_map`` naming the folder's code files, so the folder loads
+        with ``trust_remote_code=True`` where difftransformer is not installed (docs/sharing.md); then the
+        :data:`SAVE_HOOKS` (the package writes the code files there). A model's ``save_pretrained`` and the
+        Trainer's checkpoints come here."""
+        self.auto_map = {**(getattr(self, "auto_map", None) or {}), **AUTO_MAP}
+        super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+        for hook in SAVE_HOOKS:
+            hook(save_directory)
+
+
+# transformers copies this file along when a model loaded from it is saved again
+DiffTransformerConfig.register_for_auto_class("AutoConfig")

@@ -1,0 +1,299 @@
+"""vLLM serves the three kinds exactly: the plugin of serving/vllm against the package's transformers models.
+
+Run by ``make test-serving``, which builds the vLLM environment (``VLLM_PYTHON``); the package builds the folders
+and the expected tokens here (transformers 5.23), vLLM runs them in its environment (tests/vllm_runner.py), and the
+two are compared: greedy tokens equal, every step's top-k log-probabilities equal to float32 rounding, for every
+kind, MHA and GQA, both rotary pairings, the RoPE scaling types vLLM computes as transformers does, tied and untied
+embeddings, every per-head norm mode, a numeric lambda_init, upcycled and DiffLlama-converted folders; prompts of
+different lengths in one batch (continuous batching), prefix caching, bfloat16's first tokens, the real server on
+127.0.0.1, and the refusals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import DiffLlamaConfig, DiffLlamaForCausalLM
+
+from difftransformer.convert import from_diffllama, upcycle
+from difftransformer.data.tokenizer import train_tokenizer
+from helpers import random_model, randomize
+
+pytestmark = pytest.mark.serving
+
+VLLM_PYTHON = os.environ.get("VLLM_PYTHON", ".venv-vllm/bin/python")
+RUNNER = Path(__file__).with_name("vllm_runner.py")
+SERVE = Path(__file__).with_name("vllm_cli.py")
+VOCAB = 300
+# hidden 128: DIFF V1 heads of 2d = 64 (d = 32), the others' heads of d = 32, sizes the CPU attention takes.
+BASE = dict(
+    hidden_size=128, intermediate_size=192, vocab_size=VOCAB, num_hidden_layers=3, max_position_embeddings=256
+)
+V1 = dict(attention="diff", num_attention_heads=2)
+V2 = dict(attention="diff_v2", num_attention_heads=4)
+SOFTMAX = dict(attention="softmax", num_attention_heads=4)
+FOLDERS = {
+    "softmax-mha-half": dict(SOFTMAX, num_key_value_heads=4, rope_style="half"),
+    "softmax-gqa-interleaved-llama3": dict(
+        SOFTMAX,
+        num_key_value_heads=2,
+        rope_parameters=dict(
+            rope_type="llama3",
+            rope_theta=10000.0,
+            factor=4.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=64,
+        ),
+    ),  # fmt: skip
+    "v2-mha-interleaved": dict(V2, num_key_value_heads=4),
+    "v2-gqa-half-tied-yarn": dict(
+        V2,
+        num_key_value_heads=2,
+        rope_style="half",
+        tie_word_embeddings=True,
+        rope_parameters=dict(
+            rope_type="yarn", rope_theta=10000.0, factor=2.0, original_max_position_embeddings=128
+        ),
+    ),
+    "v1-mha-interleaved-affine": dict(V1, num_key_value_heads=2, subln="affine"),
+    "v1-gqa-half-plain-linear": dict(
+        V1,
+        num_key_value_heads=1,
+        rope_style="half",
+        subln="plain",
+        rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0),
+    ),  # fmt: skip
+    "v1-none-lambda-tied": dict(
+        V1, num_key_value_heads=2, subln="none", lambda_init=0.5, tie_word_embeddings=True
+    ),
+    "v1-longrope": dict(
+        V1,
+        num_key_value_heads=2,
+        rope_style="half",
+        rope_parameters=dict(
+            rope_type="longrope",
+            rope_theta=10000.0,
+            short_factor=[1.0 + i / 32 for i in range(16)],
+            long_factor=[1.5 + i / 16 for i in range(16)],
+            original_max_position_embeddings=128,
+        ),
+    ),  # fmt: skip
+}
+PROMPTS = [
+    [5, 17, 42, 99, 123, 7, 64],
+    [201, 3, 88],
+    [150, 151, 152, 153, 154, 155, 156, 157, 158, 159, 160, 161],
+]
+NEW_TOKENS, TOP_K = 10, 4
+
+
+def build(folder: Path, model: torch.nn.Module, prompts: list[list[int]] = PROMPTS) -> dict:
+    """Save ``model`` to ``folder`` and return the package's greedy tokens and top-k log-probabilities per step."""
+    model.save_pretrained(folder)
+    expected = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = model.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False)[0]
+            steps = torch.log_softmax(model(ids[None, :-1]).logits[0, len(prompt) - 1 :].double(), dim=-1)
+            top = steps.topk(TOP_K, dim=-1)
+            expected.append(
+                {
+                    "ids": ids[len(prompt) :].tolist(),
+                    "logprobs": [
+                        {str(i): v for i, v in zip(idx.tolist(), val.tolist())}
+                        for idx, val in zip(top.indices, top.values)
+                    ],
+                }
+            )
+    return {"folder": str(folder), "expected": expected}
+
+
+def run_vllm(tmp_path: Path, jobs: list[dict]) -> list[dict]:
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    done = subprocess.run(
+        [VLLM_PYTHON, str(RUNNER), str(tmp_path / "jobs.json"), str(tmp_path / "results.json")],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads((tmp_path / "results.json").read_text())
+
+
+def assert_same_generations(
+    got: list[dict], expected: list[dict], name: str, logprob_atol: float = 2e-4
+) -> None:
+    for prompt, (mine, theirs) in enumerate(zip(got, expected)):
+        assert mine["ids"] == theirs["ids"], (name, prompt)
+        for step, (ours, vllms) in enumerate(zip(theirs["logprobs"], mine["logprobs"])):
+            best = max(ours, key=ours.get)
+            assert best in vllms, (name, prompt, step)
+            for token, value in ours.items():
+                if token in vllms:  # ties at the k-th place may pick another token
+                    assert vllms[token] == pytest.approx(value, abs=logprob_atol), (name, prompt, step, token)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> tuple[dict, list[dict]]:
+    """Every folder of the grid, with its expected generations and what vLLM generated from it."""
+    root = tmp_path_factory.mktemp("served")
+    built = {}
+    for seed, (name, fields) in enumerate(FOLDERS.items()):
+        built[name] = build(root / name, random_model(seed=seed, dtype=torch.float32, **BASE, **fields))
+    softmax = random_model(seed=40, dtype=torch.float32, **BASE, **FOLDERS["softmax-mha-half"])
+    for kind in ("diff_v2", "diff"):  # upcycled, then trained a little: random differential parameters
+        built[f"upcycled-{kind}"] = build(
+            root / f"upcycled-{kind}", randomize(upcycle(softmax, kind), seed=41)
+        )
+    diffllama = DiffLlamaForCausalLM(
+        DiffLlamaConfig(
+            vocab_size=VOCAB, hidden_size=128, intermediate_size=192, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, head_dim=32,
+        )
+    )  # fmt: skip
+    randomize(diffllama, seed=42)
+    built["from-diffllama"] = build(root / "from-diffllama", from_diffllama(diffllama))
+    jobs = [
+        {"folder": b["folder"], "prompts": PROMPTS, "max_tokens": NEW_TOKENS, "logprobs": TOP_K}
+        for b in built.values()
+    ]
+    jobs[list(built).index("v1-longrope")]["max_model_len"] = 128  # its original_max_position_embeddings
+    return built, run_vllm(root, jobs)
+
+
+@pytest.mark.parametrize("name", [*FOLDERS, "upcycled-diff_v2", "upcycled-diff", "from-diffllama"])
+def test_vllm_generates_the_packages_tokens_and_logprobs(served, name):
+    built, results = served
+    result = results[list(built).index(name)]
+    assert "error" not in result, result.get("error")
+    assert_same_generations(result["rounds"][0], built[name]["expected"], name)
+
+
+def test_prefix_caching_serves_a_shared_prefix_from_the_cache_exactly(tmp_path):
+    """Prompts sharing a long prefix, run twice: the second round reads the prefix from the cache (vLLM's prefix
+    caching, on by default) and gives the same tokens as the package, as does a run with the cache off."""
+    model = random_model(seed=50, dtype=torch.float32, **BASE, **FOLDERS["v1-mha-interleaved-affine"])
+    shared = list(range(20, 84))  # two 32-token blocks
+    prompts = [shared + [7, 8], shared + [9], shared + [10, 11, 12]]
+    built = build(tmp_path / "v1", model, prompts)
+    base = {"folder": built["folder"], "prompts": prompts, "max_tokens": NEW_TOKENS, "logprobs": TOP_K}
+    cached, uncached = run_vllm(tmp_path, [{**base, "rounds": 2}, {**base, "prefix_caching": False}])
+    for rounds in (cached["rounds"], uncached["rounds"]):
+        for generations in rounds:
+            assert_same_generations(generations, built["expected"], "prefix caching")
+
+
+@pytest.mark.parametrize("fields", [FOLDERS["v2-mha-interleaved"], FOLDERS["v1-mha-interleaved-affine"]])
+def test_bfloat16_first_tokens_equal_the_packages(tmp_path, fields):
+    """In bfloat16 vLLM's first token is the package's, in bfloat16 and in float32, for every prompt whose float32
+    winner leads by more than bfloat16's rounding can move (the two round differently, so a near tie may go
+    either way)."""
+    model = random_model(seed=60, dtype=torch.float32, **BASE, **fields)
+    model.save_pretrained(tmp_path / "model")
+    prompts = [[(7 * p + 3 * i) % VOCAB for i in range(5 + p)] for p in range(12)]
+    with torch.no_grad():
+        logits = [model(torch.tensor([p])).logits[0, -1] for p in prompts]
+        bf16 = model.to(torch.bfloat16)
+        expected = [int(bf16(torch.tensor([p])).logits[0, -1].argmax()) for p in prompts]
+    clear = [i for i, row in enumerate(logits) if float(row.topk(2).values.diff().abs()) > 0.05]
+    assert len(clear) >= 6
+    job = {"folder": str(tmp_path / "model"), "prompts": prompts, "max_tokens": 1, "dtype": "bfloat16"}
+    (result,) = run_vllm(tmp_path, [job])
+    first = [generation["ids"][0] for generation in result["rounds"][0]]
+    for i in clear:
+        assert first[i] == expected[i] == int(logits[i].argmax()), i
+
+
+def test_unservable_folders_are_refused_naming_the_setting(tmp_path):
+    cases = {
+        "head size": (dict(BASE, hidden_size=64, **V2, num_key_value_heads=2), "head_dim = 16"),
+        "encoder": (dict(BASE, **V1, num_key_value_heads=2, causal=False), "causal=False"),
+        "dynamic rope": (
+            dict(
+                BASE, **SOFTMAX, num_key_value_heads=2, rope_parameters=dict(rope_type="dynamic", factor=2.0)
+            ),
+            "rope_type']='dynamic'",
+        ),
+        "longrope past its original length": (dict(BASE, **FOLDERS["v1-longrope"]), "--max-model-len 128"),
+        "interleaved longrope": (
+            dict(BASE, **dict(FOLDERS["v1-longrope"], rope_style="interleaved")),
+            "interleaved",
+        ),
+    }
+    jobs = []
+    for name, (fields, _) in cases.items():
+        random_model(seed=1, dtype=torch.float32, **fields).save_pretrained(tmp_path / name.replace(" ", "-"))
+        jobs.append({"folder": str(tmp_path / name.replace(" ", "-")), "prompts": PROMPTS, "max_tokens": 2})
+    for (name, (_, words)), result in zip(cases.items(), run_vllm(tmp_path, jobs)):
+        assert "error" in result, name
+        assert words in result["error"], (name, result["error"][-500:])
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("fields", [FOLDERS["v2-gqa-half-tied-yarn"], FOLDERS["v1-gqa-half-plain-linear"]])
+def test_vllm_serve_answers_completions_with_the_packages_tokens(tmp_path, fields):
+    """``vllm serve RUN_DIR`` (the OpenAI-compatible server) on 127.0.0.1: /v1/completions answers a text prompt
+    with the package's greedy tokens."""
+    tokenizer = train_tokenizer(["to be or not to be, that is the question. whether tis nobler " * 20], VOCAB)
+    model = random_model(seed=70, dtype=torch.float32, **dict(BASE, vocab_size=len(tokenizer)), **fields)
+    model.save_pretrained(tmp_path / "run")
+    tokenizer.save_pretrained(tmp_path / "run")
+    prompt = tokenizer("to be or not", return_tensors="pt")
+    with torch.no_grad():
+        generated = model.generate(**prompt, max_new_tokens=8, do_sample=False)[
+            0, prompt["input_ids"].shape[1] :
+        ]
+    port = free_port()
+    command = [
+        VLLM_PYTHON,
+        str(SERVE),
+        "serve",
+        str(tmp_path / "run"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    command += ["--dtype", "float32", "--max-model-len", "256"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, server.stdout.read()[-4000:]
+                time.sleep(1)
+        body = {"model": str(tmp_path / "run"), "prompt": "to be or not", "max_tokens": 8, "temperature": 0}
+        # the ids themselves: the server holds back a trailing incomplete UTF-8 character from the text
+        body.update(logprobs=1, return_tokens_as_token_ids=True)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        answer = json.loads(urllib.request.urlopen(request, timeout=300).read())
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    assert answer["usage"]["completion_tokens"] == 8
+    tokens = answer["choices"][0]["logprobs"]["tokens"]
+    assert [int(token.removeprefix("token_id:")) for token in tokens] == generated.tolist()
+    assert tokenizer.decode(generated).startswith(answer["choices"][0]["text"])
