@@ -71,8 +71,8 @@ def test_the_refusals_of_each_package_are_usage_errors(refusal):
 @pytest.mark.parametrize(
     "flags, message",
     [
-        # The model config refuses the shape (models' own ValueError), caught where the flags are read.
-        (["--vocab-size", "0"], "vocab_size must be a positive integer; got 0"),
+        # The preset options' bounds, checked where the flags are read.
+        (["--vocab-size", "0"], "--vocab-size must be at least 258; got 0"),
         (["--max-position-embeddings", "8"], "--max-position-embeddings must be at least --block-size (256)"),
     ],
 )
