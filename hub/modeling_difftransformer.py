@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code e0dc057f8f61520e; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code f685a9ad921c9460; change the package, not this file.
 """The Differential Transformer (DIFF V1, DIFF V2) and its matched softmax Transformer as transformers
 models: every operator, layer and model class they run, generated from the package's sources named below."""
 
@@ -882,7 +882,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, scale: fl
 
 
 # ---- difftransformer/ops/softmax.py ----------------------------------------------------------------------
-# Standard softmax attention: the matched baseline's operator, and the one DIFF V2 is built from.
+# Standard softmax attention's float64-exact reference: the eager attention of the matched baseline and of DIFF V2
+# (which transformers' attention functions are tested against), and the analysis path of logit hooks.
 def check_softmax_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int, int]:
     """Validate (B, H, T, d), (B, H_kv, S, d), (B, H_kv, S, d_v); return (batch, heads, kv_heads, T, S)."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -929,26 +930,6 @@ def softmax_attention_reference(
     probs = masked_softmax(logits, mask)
     out = probs @ v.to(compute_dtype).repeat_interleave(n_rep, dim=1)
     return out.to(q.dtype), probs
-
-
-def softmax_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    causal: bool = True,
-    attn_mask: torch.Tensor | None = None,
-    scale: float | None = None,
-) -> torch.Tensor:
-    """Fused ``softmax(Q K^T s) V`` with GQA and bottom-right causal alignment; (B, H, T, d_v)."""
-    batch, heads, kv_heads, q_len, kv_len = check_softmax_inputs(q, k, v)
-    use_is_causal = causal and attn_mask is None and q_len == kv_len
-    mask = None
-    if not use_is_causal:
-        mask = build_attend_mask(batch, q_len, kv_len, causal=causal, attn_mask=attn_mask, device=q.device)
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, is_causal=use_is_causal, scale=scale, enable_gqa=heads != kv_heads
-    )
 
 
 # ---- difftransformer/layers/hooks.py ---------------------------------------------------------------------

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from difftransformer.ops import (
+    build_attend_mask,
     diff_attention,
     diff_attention_reference,
-    softmax_attention,
     softmax_attention_reference,
 )
 
@@ -111,13 +113,21 @@ def test_backend_matches_reference_forward_backward(backend, problem):
 
 
 @given(diff_problems())
-def test_softmax_fast_path_matches_reference(problem):
+def test_the_baselines_sdpa_matches_the_softmax_reference(problem):
+    """The baseline's default path, transformers' sdpa attention function, against the float64 reference with the
+    masks transformers builds (bool, or None for plain causal over as many keys as queries), GQA included."""
     batch, heads, kv_heads, d, q_len, kv_len, causal, mask_kind, dtype, seed = problem
     (q, k, v, _), mask = make_inputs(batch, heads, kv_heads, d, q_len, kv_len, mask_kind, dtype, seed)
+    if mask is not None or (causal and q_len != kv_len):
+        mask = build_attend_mask(batch, q_len, kv_len, causal=causal, attn_mask=mask, device=q.device)
+        causal = causal and mask is None
     ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    ref_mask = mask.double() if mask is not None and mask.dtype != torch.bool else mask
-    expected, probs = softmax_attention_reference(*ref, causal=causal, attn_mask=ref_mask)
-    out = softmax_attention(q, k, v, causal=causal, attn_mask=mask)
+    expected, probs = softmax_attention_reference(*ref, causal=causal, attn_mask=mask)
+    module = SimpleNamespace(
+        is_causal=causal, num_key_value_groups=heads // kv_heads, layer_idx=0, training=False
+    )
+    out, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=q.shape[-1] ** -0.5)
+    out = out.transpose(1, 2)  # transformers' functions return (B, T, H, d)
     torch.testing.assert_close(out.double(), expected, **TOL[dtype])
     for got, want in zip(grads(out, [q, k, v], seed), grads(expected, ref, seed)):
         torch.testing.assert_close(got.double(), want, **TOL[dtype])

@@ -18,7 +18,7 @@ from difftransformer.ops.norm import rms_norm
 from difftransformer.ops.reference import diff_attention_reference, masked_softmax
 from difftransformer.ops.rotary import QueryRotary, apply_rotary, rotate_queries
 from difftransformer.ops.sdpa import diff_attention_sdpa
-from difftransformer.ops.softmax import softmax_attention, softmax_attention_reference
+from difftransformer.ops.softmax import softmax_attention_reference
 
 __all__ = [
     "BACKENDS",
@@ -41,6 +41,5 @@ __all__ = [
     "native_kernels",
     "rms_norm",
     "rotate_queries",
-    "softmax_attention",
     "softmax_attention_reference",
 ]

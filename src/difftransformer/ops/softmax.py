@@ -1,11 +1,11 @@
-"""Standard softmax attention: the matched baseline's operator, and the one DIFF V2 is built from."""
+"""Standard softmax attention's float64-exact reference: the eager attention of the matched baseline and of DIFF V2
+(which transformers' attention functions are tested against), and the analysis path of logit hooks."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from difftransformer.ops.common import build_attend_mask
 from difftransformer.ops.reference import masked_softmax
@@ -57,23 +57,3 @@ def softmax_attention_reference(
     probs = masked_softmax(logits, mask)
     out = probs @ v.to(compute_dtype).repeat_interleave(n_rep, dim=1)
     return out.to(q.dtype), probs
-
-
-def softmax_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    causal: bool = True,
-    attn_mask: torch.Tensor | None = None,
-    scale: float | None = None,
-) -> torch.Tensor:
-    """Fused ``softmax(Q K^T s) V`` with GQA and bottom-right causal alignment; (B, H, T, d_v)."""
-    batch, heads, kv_heads, q_len, kv_len = check_softmax_inputs(q, k, v)
-    use_is_causal = causal and attn_mask is None and q_len == kv_len
-    mask = None
-    if not use_is_causal:
-        mask = build_attend_mask(batch, q_len, kv_len, causal=causal, attn_mask=attn_mask, device=q.device)
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, is_causal=use_is_causal, scale=scale, enable_gqa=heads != kv_heads
-    )
