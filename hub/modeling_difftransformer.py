@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code f685a9ad921c9460; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code bb4db13b71f46613; change the package, not this file.
 """The Differential Transformer (DIFF V1, DIFF V2) and its matched softmax Transformer as transformers
 models: every operator, layer and model class they run, generated from the package's sources named below."""
 
@@ -547,13 +547,17 @@ def native_kernels() -> NativeKernels | None:
     return None if _loader is None else _loader()
 
 
+# Tensors the kernels read as they are: a subclass (FSDP2's DTensor, a fake tensor) has no storage of its own.
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def cpu_kernels_for(*tensors: torch.Tensor) -> NativeKernels | None:
-    """The C++ kernels if they can run on ``tensors``: all float32 on the CPU, outside ``torch.compile`` (the
+    """The C++ kernels if they can run on ``tensors``: all plain float32 CPU tensors, outside ``torch.compile`` (the
     kernels are opaque to it); else None."""
     if _loader is None or torch.compiler.is_compiling():
         return None
     for tensor in tensors:
-        if not tensor.is_cpu or tensor.dtype != torch.float32:
+        if type(tensor) not in _PLAIN or not tensor.is_cpu or tensor.dtype != torch.float32:
             return None
     return _loader()
 
@@ -1633,19 +1637,24 @@ def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
 
 
 def check_mask_shape(
-    attention_mask: torch.Tensor, batch_and_queries: torch.Size, cache: Cache | None
+    attention_mask: torch.Tensor, batch_and_queries: torch.Size, cache: Cache | None, paged: bool
 ) -> None:
     """Raise ValueError unless ``attention_mask`` is (B, S) with the queries' and the cache's S keys, or a ready
-    (B or 1, 1, T, S) mask (S is the kernel's to check: a paged cache's keys are not counted here); shapes only,
-    nothing read back."""
+    (B or 1, 1, T, S) mask (with a ``paged`` cache, continuous batching's, S is its keys, not counted here); shapes
+    only, nothing read back."""
     batch, q_len = batch_and_queries
+    kv_len = cache.get_mask_sizes(q_len, 0)[0] if cache is not None else q_len
     if attention_mask.dim() == 4:
-        if attention_mask.shape[0] not in (1, batch) or tuple(attention_mask.shape[1:3]) != (1, q_len):
+        expected = (1, q_len) if paged else (1, q_len, kv_len)
+        if (
+            attention_mask.shape[0] not in (1, batch)
+            or tuple(attention_mask.shape[1:])[: len(expected)] != expected
+        ):
+            keys = "keys" if paged else kv_len
             raise ValueError(
-                f"a 4-D attention_mask must be ({batch} or 1, 1, {q_len}, keys); got {tuple(attention_mask.shape)}"
+                f"a 4-D attention_mask must be ({batch} or 1, 1, {q_len}, {keys}); got {tuple(attention_mask.shape)}"
             )
         return
-    kv_len = cache.get_mask_sizes(q_len, 0)[0] if cache is not None else q_len
     if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] > kv_len:
         raise ValueError(
             f"attention_mask must be (batch={batch}, key length <= {kv_len}) of 1 (token) / 0 (padding); got "
@@ -1692,13 +1701,14 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
         past_key_values: Cache | None,
         position_ids: torch.Tensor | None,
         output_attentions: bool,
+        paged: bool,
     ) -> torch.Tensor | None:
         """The layers' mask, as transformers' ``masking_utils`` builds it for the attention implementation (causal
         or bidirectional, padding, packed documents in the given ``position_ids``, the cache's offsets), or None
         where the implementation's own causal or full attention is exact."""
         config = mask_config(self.config, output_attentions)
         if isinstance(attention_mask, torch.Tensor):
-            check_mask_shape(attention_mask, inputs_embeds.shape[:2], past_key_values)
+            check_mask_shape(attention_mask, inputs_embeds.shape[:2], past_key_values, paged)
         # Deciding that a padding mask hides nothing reads it back: free on the CPU, a device stall elsewhere.
         may_skip = attention_mask is None or attention_mask.is_cpu
         if not self.config.causal:
@@ -1762,8 +1772,9 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
 
         # The mask before a new cache: an empty cache changes no size, and without one the positions a caller gives
         # are read for packed documents (restarting positions; ours never restart, so they are not read).
+        paged = kwargs.get("cache") is not None  # continuous batching's paged cache, read by the attention
         mask = self.attention_mask(
-            inputs_embeds, attention_mask, past_key_values, position_ids, output_attentions
+            inputs_embeds, attention_mask, past_key_values, position_ids, output_attentions, paged
         )
         if position_ids is None:
             if attention_mask is not None and attention_mask.dim() == 2:

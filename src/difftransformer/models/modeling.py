@@ -169,19 +169,24 @@ def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
 
 
 def check_mask_shape(
-    attention_mask: torch.Tensor, batch_and_queries: torch.Size, cache: Cache | None
+    attention_mask: torch.Tensor, batch_and_queries: torch.Size, cache: Cache | None, paged: bool
 ) -> None:
     """Raise ValueError unless ``attention_mask`` is (B, S) with the queries' and the cache's S keys, or a ready
-    (B or 1, 1, T, S) mask (S is the kernel's to check: a paged cache's keys are not counted here); shapes only,
-    nothing read back."""
+    (B or 1, 1, T, S) mask (with a ``paged`` cache, continuous batching's, S is its keys, not counted here); shapes
+    only, nothing read back."""
     batch, q_len = batch_and_queries
+    kv_len = cache.get_mask_sizes(q_len, 0)[0] if cache is not None else q_len
     if attention_mask.dim() == 4:
-        if attention_mask.shape[0] not in (1, batch) or tuple(attention_mask.shape[1:3]) != (1, q_len):
+        expected = (1, q_len) if paged else (1, q_len, kv_len)
+        if (
+            attention_mask.shape[0] not in (1, batch)
+            or tuple(attention_mask.shape[1:])[: len(expected)] != expected
+        ):
+            keys = "keys" if paged else kv_len
             raise ValueError(
-                f"a 4-D attention_mask must be ({batch} or 1, 1, {q_len}, keys); got {tuple(attention_mask.shape)}"
+                f"a 4-D attention_mask must be ({batch} or 1, 1, {q_len}, {keys}); got {tuple(attention_mask.shape)}"
             )
         return
-    kv_len = cache.get_mask_sizes(q_len, 0)[0] if cache is not None else q_len
     if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] > kv_len:
         raise ValueError(
             f"attention_mask must be (batch={batch}, key length <= {kv_len}) of 1 (token) / 0 (padding); got "
@@ -228,13 +233,14 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
         past_key_values: Cache | None,
         position_ids: torch.Tensor | None,
         output_attentions: bool,
+        paged: bool,
     ) -> torch.Tensor | None:
         """The layers' mask, as transformers' ``masking_utils`` builds it for the attention implementation (causal
         or bidirectional, padding, packed documents in the given ``position_ids``, the cache's offsets), or None
         where the implementation's own causal or full attention is exact."""
         config = mask_config(self.config, output_attentions)
         if isinstance(attention_mask, torch.Tensor):
-            check_mask_shape(attention_mask, inputs_embeds.shape[:2], past_key_values)
+            check_mask_shape(attention_mask, inputs_embeds.shape[:2], past_key_values, paged)
         # Deciding that a padding mask hides nothing reads it back: free on the CPU, a device stall elsewhere.
         may_skip = attention_mask is None or attention_mask.is_cpu
         if not self.config.causal:
@@ -298,8 +304,9 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
 
         # The mask before a new cache: an empty cache changes no size, and without one the positions a caller gives
         # are read for packed documents (restarting positions; ours never restart, so they are not read).
+        paged = kwargs.get("cache") is not None  # continuous batching's paged cache, read by the attention
         mask = self.attention_mask(
-            inputs_embeds, attention_mask, past_key_values, position_ids, output_attentions
+            inputs_embeds, attention_mask, past_key_values, position_ids, output_attentions, paged
         )
         if position_ids is None:
             if attention_mask is not None and attention_mask.dim() == 2:

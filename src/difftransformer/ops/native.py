@@ -70,12 +70,16 @@ def native_kernels() -> NativeKernels | None:
     return None if _loader is None else _loader()
 
 
+# Tensors the kernels read as they are: a subclass (FSDP2's DTensor, a fake tensor) has no storage of its own.
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def cpu_kernels_for(*tensors: torch.Tensor) -> NativeKernels | None:
-    """The C++ kernels if they can run on ``tensors``: all float32 on the CPU, outside ``torch.compile`` (the
+    """The C++ kernels if they can run on ``tensors``: all plain float32 CPU tensors, outside ``torch.compile`` (the
     kernels are opaque to it); else None."""
     if _loader is None or torch.compiler.is_compiling():
         return None
     for tensor in tensors:
-        if not tensor.is_cpu or tensor.dtype != torch.float32:
+        if type(tensor) not in _PLAIN or not tensor.is_cpu or tensor.dtype != torch.float32:
             return None
     return _loader()
