@@ -227,3 +227,34 @@ def test_the_eval_command_runs_a_grid_and_refuses_lengths_beyond_the_model(check
     assert error.endswith("error: --lengths: 512 tokens exceeds the model's max_position_embeddings = 256; choose a shorter "
                           "length or a model trained (or extended) for longer contexts")  # fmt: skip
     assert not (tmp_path / "long").exists()
+
+
+class SmallVocabulary:
+    """A stand-in tokenizer of 80 ids (keys from 20: 30 keys and 30 values) that the suite can count text with."""
+
+    all_special_ids: list[int] = []
+    eos_token_id = None
+
+    def __len__(self) -> int:
+        return 80
+
+    def __call__(self, texts, add_special_tokens=False):
+        return {"input_ids": [[1, 2, 3] for _ in texts]}
+
+
+def test_the_light_pair_counts_are_fitted_before_the_vocabulary_is_asked_for_them():
+    small = SmallVocabulary()
+    plain = suite.SuiteSettings(tasks=("mqar",), context_length=64)
+    (options,) = suite.suite_options(plain, small, TEXTS).values()
+    assert options.num_pairs == [
+        4,
+        8,
+        16,
+    ]  # 64 pairs (the light default's largest) do not fit 64 tokens anyway
+    longer = suite.SuiteSettings(
+        tasks=("mqar",), context_length=256
+    )  # 32 and 64 pairs fit: 30 keys do not hold them
+    with pytest.raises(
+        ValueError, match="`num_pairs` 64 needs 64 distinct keys and values; ids from 20 of the model's 80"
+    ):
+        suite.suite_options(longer, small, TEXTS)

@@ -257,8 +257,6 @@ class MqarTask(Task):
         return dataclasses.replace(options, num_pairs=pairs) if pairs else options
 
     def light_options(self, light: MqarOptions, suite: SuiteContext) -> MqarOptions:
-        # The models' vocabulary is the tokenizer's.
-        key_vocabulary(len(suite.tokenizer), suite.tokenizer, light.first_id, max(light.num_pairs))
         if light.lengths is not None:
             longest = max(light.lengths)
             if suite.max_positions is not None and longest > suite.max_positions:
@@ -266,13 +264,17 @@ class MqarTask(Task):
                     f"mqar: `lengths` {light.lengths} reach {longest} tokens, beyond the models' "
                     f"max_position_embeddings = {suite.max_positions}"
                 )
-            return dataclasses.replace(light, seed=suite.seed)
-        pairs = fitting_pairs(suite.context_length, max(light.num_pairs))
-        if not pairs:
-            raise UsageError(
-                f"mqar needs a context of at least 16 tokens; got context_length {suite.context_length}"
-            )
-        return dataclasses.replace(light, num_pairs=pairs, seed=suite.seed)
+            options = dataclasses.replace(light, seed=suite.seed)
+        else:
+            pairs = fitting_pairs(suite.context_length, max(light.num_pairs))
+            if not pairs:
+                raise UsageError(
+                    f"mqar needs a context of at least 16 tokens; got `context_length` {suite.context_length}"
+                )
+            options = dataclasses.replace(light, num_pairs=pairs, seed=suite.seed)
+        # The models' vocabulary is the tokenizer's: a pair count it cannot hold is refused before any training.
+        key_vocabulary(len(suite.tokenizer), suite.tokenizer, options.first_id, max(options.num_pairs))
+        return options
 
     def run(self, model, tokenizer, texts, options: MqarOptions, output_dir: Path, progress: bool) -> dict:
         return run_mqar(model, tokenizer, options, output_dir=output_dir, progress=progress)
