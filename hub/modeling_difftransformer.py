@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code bb4db13b71f46613; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 0b7e0f8931938a9f; change the package, not this file.
 """The Differential Transformer (DIFF V1, DIFF V2) and its matched softmax Transformer as transformers
 models: every operator, layer and model class they run, generated from the package's sources named below."""
 
@@ -289,7 +289,7 @@ def diff_attention_blocked(
 # as the matched baseline's step reads its own (same bytes, docs/performance.md); the doubled multiply-adds on the
 # query side are not what a step waits for. Differentiable (through SDPA), but meant for short query blocks.
 #
-# Generation on CPU in float32 runs :func:`difftransformer.ops.fused_cpu.diff_attention_decode_cpu` instead (the
+# Generation on CPU in float32 runs the C++ decode kernel instead (:mod:`difftransformer.ops.fused_cpu`, the
 # same single read of K and V in C++); :func:`difftransformer.ops.choose_backend` decides which.
 def _build_selector(dtype: torch.dtype, device: torch.device, scale: float) -> torch.Tensor:
     # select[c, c'] = scale if c == c' else 0: map c of each query keeps only its own half (and the scale).
@@ -431,61 +431,6 @@ def _flex_maps(
     return out[:, :heads] - lambda_full * out[:, heads:]
 
 
-# ---- difftransformer/ops/rotary.py -----------------------------------------------------------------------
-# Rotary position embedding as an operator, in both pairings the Differential Transformer world uses.
-#
-# "interleaved" (the authors' code, GPT-J style) rotates dims (2j, 2j+1) by angle p * theta^(-2j/d);
-# "half" (Llama, DiffLlama, NeoX style) rotates dims (j, j + d/2) by the same angle. The tables (cos, sin) come
-# from :class:`difftransformer.layers.RotaryEmbedding`.
-RopeStyle = Literal["interleaved", "half"]
-
-
-ROPE_STYLES: tuple[str, ...] = ("interleaved", "half")
-
-
-_COMPLEX_DTYPES = (torch.float32, torch.float64)  # have a complex counterpart for the fast path
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: RopeStyle) -> torch.Tensor:
-    """Rotate the last dim of ``x`` (width d); ``cos``/``sin`` broadcast against ``x[..., : d // 2]``. The result
-    keeps x's dtype (under autocast, float32 tables would otherwise lift bf16 q and k above their v)."""
-    if style == "interleaved":
-        if x.dtype in _COMPLEX_DTYPES and cos.dtype == x.dtype and not torch.compiler.is_compiling():
-            # Each interleaved pair is one complex number and the rotation one complex product: the same
-            # multiply-adds in one kernel instead of seven (3-4x faster here, forward and backward).
-            pairs = x.unflatten(-1, (-1, 2))
-            if (
-                pairs.stride(-1) == 1
-                and pairs.storage_offset() % 2 == 0
-                and all(stride % 2 == 0 for stride in pairs.stride()[:-1])
-            ):
-                rotated = torch.view_as_complex(pairs) * torch.complex(cos, sin)
-                return torch.view_as_real(rotated).flatten(-2)
-        x0, x1 = x.unflatten(-1, (-1, 2)).unbind(-1)
-        return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).to(x.dtype)
-    half = x.shape[-1] // 2
-    x0, x1 = x[..., :half], x[..., half:]
-    return torch.cat((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1).to(x.dtype)
-
-
-class QueryRotary(NamedTuple):
-    """The rotary embedding of queries given to the operator unrotated: ``cos`` and ``sin`` (B or 1, T, d/2), one
-    row per query position, and the pairing. Each d-wide half of a paired-layout query (Q1 | Q2) rotates alone
-    (:func:`rotate_queries`); the kernel fuses it where one can (the C++ decode step)."""
-
-    cos: torch.Tensor
-    sin: torch.Tensor
-    style: RopeStyle
-
-
-def rotate_queries(q: torch.Tensor, rotary: QueryRotary) -> torch.Tensor:
-    """q (B, h, T, 2d) in the paired layout with Q1 and Q2 each rotated by ``rotary``, stored with heads merged
-    ((B, T, h, 2d) memory) as the projection gives q, whatever path the rotation takes."""
-    cos, sin = rotary.cos[:, :, None, None], rotary.sin[:, :, None, None]
-    heads_merged = q.transpose(1, 2).unflatten(-1, (2, -1))
-    return apply_rotary(heads_merged, cos, sin, rotary.style).flatten(-2).transpose(1, 2)
-
-
 # ---- difftransformer/ops/native.py -----------------------------------------------------------------------
 # Where native (C++) kernels plug into the operators: a registry of one set of CPU kernels.
 #
@@ -496,40 +441,15 @@ def rotate_queries(q: torch.Tensor, rotary: QueryRotary) -> torch.Tensor:
 # PyTorch path. The operators never import the kernels' module, so the model code runs without it.
 class NativeKernels(Protocol):
     """Operators backed by C++ kernels for CPU float32 (``ops/csrc``), each with the contract of the PyTorch
-    operator it stands in for."""
+    operator it stands in for: ``diff_attention`` that of :func:`~difftransformer.ops.diff_attention` without a mask
+    (forward and backward), ``decode`` the same for a few queries at inference with q given unrotated beside its
+    ``rotary`` embedding, ``rms_norm`` and ``lambda_full`` those of :func:`~difftransformer.ops.rms_norm` and
+    :func:`~difftransformer.ops.lambda_full` at inference."""
 
-    def diff_attention(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        lambda_full: torch.Tensor | float,
-        causal: bool,
-        scale: float | None,
-    ) -> torch.Tensor:
-        """:func:`~difftransformer.ops.diff_attention` without a mask, forward and backward."""
-
-    def decode(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        lambda_full: torch.Tensor | float,
-        causal: bool,
-        scale: float | None,
-        rotary: QueryRotary | None,
-    ) -> torch.Tensor:
-        """The same for a few queries at inference, q given unrotated with its ``rotary`` embedding."""
-
-    def rms_norm(
-        self, x: torch.Tensor, weight: torch.Tensor | None, eps: float, scale: float
-    ) -> torch.Tensor:
-        """:func:`~difftransformer.ops.rms_norm` at inference."""
-
-    def lambda_full(
-        self, q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor, k2: torch.Tensor, lambda_init: float
-    ) -> float:
-        """:func:`~difftransformer.ops.lambda_full` at inference."""
+    def diff_attention(self, q, k, v, lambda_full, causal: bool, scale: float | None) -> torch.Tensor: ...
+    def decode(self, q, k, v, lambda_full, causal: bool, scale: float | None, rotary) -> torch.Tensor: ...
+    def rms_norm(self, x, weight, eps: float, scale: float) -> torch.Tensor: ...
+    def lambda_full(self, q1, k1, q2, k2, lambda_init: float) -> float: ...
 
 
 _loader: Callable[[], NativeKernels | None] | None = None
@@ -625,6 +545,61 @@ def diff_attention_reference(
     combined = map1 - lambda_full * map2
     out = combined @ v.to(compute_dtype).repeat_interleave(n_rep, dim=1)
     return out.to(q.dtype), (combined, map1, map2) if return_maps else None
+
+
+# ---- difftransformer/ops/rotary.py -----------------------------------------------------------------------
+# Rotary position embedding as an operator, in both pairings the Differential Transformer world uses.
+#
+# "interleaved" (the authors' code, GPT-J style) rotates dims (2j, 2j+1) by angle p * theta^(-2j/d);
+# "half" (Llama, DiffLlama, NeoX style) rotates dims (j, j + d/2) by the same angle. The tables (cos, sin) come
+# from :class:`difftransformer.layers.RotaryEmbedding`.
+RopeStyle = Literal["interleaved", "half"]
+
+
+ROPE_STYLES: tuple[str, ...] = ("interleaved", "half")
+
+
+_COMPLEX_DTYPES = (torch.float32, torch.float64)  # have a complex counterpart for the fast path
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: RopeStyle) -> torch.Tensor:
+    """Rotate the last dim of ``x`` (width d); ``cos``/``sin`` broadcast against ``x[..., : d // 2]``. The result
+    keeps x's dtype (under autocast, float32 tables would otherwise lift bf16 q and k above their v)."""
+    if style == "interleaved":
+        if x.dtype in _COMPLEX_DTYPES and cos.dtype == x.dtype and not torch.compiler.is_compiling():
+            # Each interleaved pair is one complex number and the rotation one complex product: the same
+            # multiply-adds in one kernel instead of seven (3-4x faster here, forward and backward).
+            pairs = x.unflatten(-1, (-1, 2))
+            if (
+                pairs.stride(-1) == 1
+                and pairs.storage_offset() % 2 == 0
+                and all(stride % 2 == 0 for stride in pairs.stride()[:-1])
+            ):
+                rotated = torch.view_as_complex(pairs) * torch.complex(cos, sin)
+                return torch.view_as_real(rotated).flatten(-2)
+        x0, x1 = x.unflatten(-1, (-1, 2)).unbind(-1)
+        return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).to(x.dtype)
+    half = x.shape[-1] // 2
+    x0, x1 = x[..., :half], x[..., half:]
+    return torch.cat((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1).to(x.dtype)
+
+
+class QueryRotary(NamedTuple):
+    """The rotary embedding of queries given to the operator unrotated: ``cos`` and ``sin`` (B or 1, T, d/2), one
+    row per query position, and the pairing. Each d-wide half of a paired-layout query (Q1 | Q2) rotates alone
+    (:func:`rotate_queries`); the kernel fuses it where one can (the C++ decode step)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    style: RopeStyle
+
+
+def rotate_queries(q: torch.Tensor, rotary: QueryRotary) -> torch.Tensor:
+    """q (B, h, T, 2d) in the paired layout with Q1 and Q2 each rotated by ``rotary``, stored with heads merged
+    ((B, T, h, 2d) memory) as the projection gives q, whatever path the rotation takes."""
+    cos, sin = rotary.cos[:, :, None, None], rotary.sin[:, :, None, None]
+    heads_merged = q.transpose(1, 2).unflatten(-1, (2, -1))
+    return apply_rotary(heads_merged, cos, sin, rotary.style).flatten(-2).transpose(1, 2)
 
 
 # ---- difftransformer/ops/sdpa.py -------------------------------------------------------------------------
@@ -1528,23 +1503,12 @@ class DiffTransformerDecoderLayer(GradientCheckpointingLayer):
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
 
     def forward(
-        self,
-        hidden_states: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        output_attentions: bool = False,
-        **kwargs,
+        self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor], **attention
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(B, T, d_model) -> (B, T, d_model), and the layer's attention map or None; other keywords go to the
-        attention module (continuous batching's paged cache and its indices)."""
+        """(B, T, d_model) -> (B, T, d_model), and the layer's attention map or None; the keywords (the mask, the
+        cache, ``output_attentions``, continuous batching's paged cache) go to the attention module."""
         attn_out, attn_map = self.self_attn(
-            self.input_layernorm(hidden_states),
-            position_embeddings,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            output_attentions=output_attentions,
-            **kwargs,
+            self.input_layernorm(hidden_states), position_embeddings, **attention
         )
         hidden_states = hidden_states + attn_out
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states)), attn_map

@@ -15,7 +15,6 @@ from difftransformer.ops import (
     choose_backend,
     diff_attention,
     diff_attention_blocked,
-    diff_attention_decode_cpu,
     diff_attention_fused_cpu,
     diff_attention_reference,
     fused_cpu,
@@ -124,7 +123,7 @@ def test_decode_cpu_kernel_matches_reference_at_inference(problem):
     expected, _ = diff_attention_reference(q, k, v, lam, causal=causal)
     with torch.no_grad():
         assert choose_backend(q.float(), k.float()) == "decode_cpu"
-        direct = diff_attention_decode_cpu(q.float(), k.float(), v.float(), lam.float(), causal=causal)
+        direct = native_kernels().decode(q.float(), k.float(), v.float(), lam.float(), causal, None, None)
         dispatched = diff_attention(q.float(), k.float(), v.float(), lam.float(), causal=causal)
     for out in (direct, dispatched):
         torch.testing.assert_close(out.double(), expected, **TOL[torch.float32])
@@ -261,7 +260,7 @@ def test_choose_backend_is_the_one_rule():
     with pytest.raises(ValueError, match="backend must be one of"):
         choose_backend(q, k, backend="flash")
     with pytest.raises(ValueError, match="no backward"):
-        diff_attention_decode_cpu(q.requires_grad_(), k, k, 0.5)
+        native_kernels().decode(q.requires_grad_(), k, k, 0.5, True, None, None)
 
 
 def test_fused_cpu_reads_strided_inputs_and_merges_heads_in_memory():

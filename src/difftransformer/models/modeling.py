@@ -60,23 +60,12 @@ class DiffTransformerDecoderLayer(GradientCheckpointingLayer):
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
 
     def forward(
-        self,
-        hidden_states: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        output_attentions: bool = False,
-        **kwargs,
+        self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor], **attention
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(B, T, d_model) -> (B, T, d_model), and the layer's attention map or None; other keywords go to the
-        attention module (continuous batching's paged cache and its indices)."""
+        """(B, T, d_model) -> (B, T, d_model), and the layer's attention map or None; the keywords (the mask, the
+        cache, ``output_attentions``, continuous batching's paged cache) go to the attention module."""
         attn_out, attn_map = self.self_attn(
-            self.input_layernorm(hidden_states),
-            position_embeddings,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            output_attentions=output_attentions,
-            **kwargs,
+            self.input_layernorm(hidden_states), position_embeddings, **attention
         )
         hidden_states = hidden_states + attn_out
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states)), attn_map

@@ -7,11 +7,7 @@ from difftransformer.ops.common import additive_to_bool, build_attend_mask
 from difftransformer.ops.decode import diff_attention_decode
 from difftransformer.ops.diff_attention import BACKENDS, choose_backend, diff_attention
 from difftransformer.ops.flex import diff_attention_flex
-from difftransformer.ops.fused_cpu import (
-    diff_attention_decode_cpu,
-    diff_attention_fused_cpu,
-    fused_cpu_available,
-)
+from difftransformer.ops.fused_cpu import diff_attention_fused_cpu, fused_cpu_available
 from difftransformer.ops.lambda_full import lambda_full
 from difftransformer.ops.native import native_kernels
 from difftransformer.ops.norm import rms_norm
@@ -30,7 +26,6 @@ __all__ = [
     "diff_attention",
     "diff_attention_blocked",
     "diff_attention_decode",
-    "diff_attention_decode_cpu",
     "diff_attention_flex",
     "diff_attention_fused_cpu",
     "diff_attention_reference",

@@ -7,7 +7,7 @@ the fused kernel. The 2h outputs (A_j V, width 2d) are then combined as A1 V - l
 as the matched baseline's step reads its own (same bytes, docs/performance.md); the doubled multiply-adds on the
 query side are not what a step waits for. Differentiable (through SDPA), but meant for short query blocks.
 
-Generation on CPU in float32 runs :func:`difftransformer.ops.fused_cpu.diff_attention_decode_cpu` instead (the
+Generation on CPU in float32 runs the C++ decode kernel instead (:mod:`difftransformer.ops.fused_cpu`, the
 same single read of K and V in C++); :func:`difftransformer.ops.choose_backend` decides which.
 """
 

@@ -31,7 +31,6 @@ import torch
 
 from difftransformer.ops.common import check_diff_inputs
 from difftransformer.ops.native import register_native_kernels
-from difftransformer.ops.rotary import QueryRotary
 from difftransformer.storage import cache_dir
 
 SOURCE = Path(__file__).with_name("csrc") / "diff_attention_cpu.cpp"
@@ -163,27 +162,6 @@ def diff_attention_fused_cpu(
     return _FusedDiffAttention.apply(q, k, v, lambda_full, scale, causal)
 
 
-def diff_attention_decode_cpu(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    lambda_full: torch.Tensor | float,
-    *,
-    causal: bool = True,
-    scale: float | None = None,
-    rotary: QueryRotary | None = None,
-) -> torch.Tensor:
-    """Inference for a few queries (a decode step) in the C++ kernel: both maps' logits per cached key, then
-    ONE pass over V with the combined weights, K and V read once; q (B, h, T, 2d), k and v (B, h_kv, S, 2d) CPU
-    float32 -> (B, h, T, 2d). With ``rotary`` q is given unrotated and each of its halves is rotated in the kernel.
-    The kernel checks the layout and the rotary tables itself (ValueErrors with the Python checks' messages).
-    No autograd: inputs that require grad are refused while grad mode is on."""
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise ValueError("the C++ decode kernel has no backward: call it under torch.no_grad()")
-    cos, sin, style = (None, None, "interleaved") if rotary is None else rotary
-    return _extension().decode(q, k, v, _lambda_value(lambda_full), scale, causal, cos, sin, style == "half")
-
-
 class CppKernels:
     """This module's kernels as :class:`difftransformer.ops.native.NativeKernels`, the operators' fast paths."""
 
@@ -191,7 +169,17 @@ class CppKernels:
         return diff_attention_fused_cpu(q, k, v, lambda_full, causal=causal, scale=scale)
 
     def decode(self, q, k, v, lambda_full, causal, scale, rotary):
-        return diff_attention_decode_cpu(q, k, v, lambda_full, causal=causal, scale=scale, rotary=rotary)
+        """Inference for a few queries (a decode step): both maps' logits per cached key, then ONE pass over V with
+        the combined weights, K and V read once; q (B, h, T, 2d), k and v (B, h_kv, S, 2d) CPU float32 -> (B, h, T,
+        2d). With ``rotary`` q is given unrotated and each of its halves is rotated in the kernel. The kernel checks
+        the layout and the rotary tables itself (ValueErrors with the Python checks' messages). No autograd: inputs
+        that require grad are refused while grad mode is on."""
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            raise ValueError("the C++ decode kernel has no backward: call it under torch.no_grad()")
+        cos, sin, style = (None, None, "interleaved") if rotary is None else rotary
+        return _extension().decode(
+            q, k, v, _lambda_value(lambda_full), scale, causal, cos, sin, style == "half"
+        )
 
     def rms_norm(self, x, weight, eps, scale):
         return _extension().rms_norm(x, weight, eps, scale)

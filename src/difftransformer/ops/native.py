@@ -14,45 +14,18 @@ from typing import Protocol
 
 import torch
 
-from difftransformer.ops.rotary import QueryRotary
-
 
 class NativeKernels(Protocol):
     """Operators backed by C++ kernels for CPU float32 (``ops/csrc``), each with the contract of the PyTorch
-    operator it stands in for."""
+    operator it stands in for: ``diff_attention`` that of :func:`~difftransformer.ops.diff_attention` without a mask
+    (forward and backward), ``decode`` the same for a few queries at inference with q given unrotated beside its
+    ``rotary`` embedding, ``rms_norm`` and ``lambda_full`` those of :func:`~difftransformer.ops.rms_norm` and
+    :func:`~difftransformer.ops.lambda_full` at inference."""
 
-    def diff_attention(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        lambda_full: torch.Tensor | float,
-        causal: bool,
-        scale: float | None,
-    ) -> torch.Tensor:
-        """:func:`~difftransformer.ops.diff_attention` without a mask, forward and backward."""
-
-    def decode(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        lambda_full: torch.Tensor | float,
-        causal: bool,
-        scale: float | None,
-        rotary: QueryRotary | None,
-    ) -> torch.Tensor:
-        """The same for a few queries at inference, q given unrotated with its ``rotary`` embedding."""
-
-    def rms_norm(
-        self, x: torch.Tensor, weight: torch.Tensor | None, eps: float, scale: float
-    ) -> torch.Tensor:
-        """:func:`~difftransformer.ops.rms_norm` at inference."""
-
-    def lambda_full(
-        self, q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor, k2: torch.Tensor, lambda_init: float
-    ) -> float:
-        """:func:`~difftransformer.ops.lambda_full` at inference."""
+    def diff_attention(self, q, k, v, lambda_full, causal: bool, scale: float | None) -> torch.Tensor: ...
+    def decode(self, q, k, v, lambda_full, causal: bool, scale: float | None, rotary) -> torch.Tensor: ...
+    def rms_norm(self, x, weight, eps: float, scale: float) -> torch.Tensor: ...
+    def lambda_full(self, q1, k1, q2, k2, lambda_init: float) -> float: ...
 
 
 _loader: Callable[[], NativeKernels | None] | None = None
