@@ -85,7 +85,7 @@ def test_v1_lambda_column_is_the_models_lambda_at_each_step(tmp_path, data):
         assert max(values) - min(values) > 1e-4
     final = DiffTransformerForCausalLM.from_pretrained(tmp_path)
     assert column(rows, "lambda_layer_1")[1][-1] == pytest.approx(
-        float(final.model.layers[1].self_attn.lambda_full()), abs=1e-6
+        float(final.model.layers[1].self_attn.lambda_full().detach()), abs=1e-6
     )
     # The same values reach TensorBoard (Trainer prefixes training scalars with "train/").
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

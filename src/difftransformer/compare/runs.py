@@ -102,7 +102,9 @@ def train_and_evaluate(
     model = DiffTransformerForCausalLM.from_pretrained(folder).eval()
     trained = dict(
         parameters=summary["parameters"],
-        tokens=summary["global_step"] * tokens_per_step(preset.block_size, run.training),
+        tokens=preset.recall.tokens_between(
+            0, summary["global_step"], preset.block_size, tokens_per_step(preset.block_size, run.training)
+        ),
         tokens_per_second=summary["tokens_per_second"],
         train_seconds=summary["train_seconds"],
         validation_loss=summary["final_eval_loss"],
@@ -257,7 +259,11 @@ def run_comparison(
             needles=tuple(tuple(pair) for pair in comparison.needles),
             # A pretrained model (--init-from) keeps its own context; the preset's models take this one.
             max_positions=None if comparison.init_from else scaled.model_config().max_position_embeddings,
-            light={"needle": {"samples": comparison.needle_samples}} if comparison.needle_samples else {},
+            # The preset's own evaluation settings (e.g. mqar's grid of lengths), then --needle-samples.
+            light={
+                **scaled.evaluation,
+                **({"needle": {"samples": comparison.needle_samples}} if comparison.needle_samples else {}),
+            },
         )
         # Refuse settings the held-out text or the tokenizer cannot serve before anything is trained; without
         # --tasks, leave out the tasks that cannot run at this block size and say why.

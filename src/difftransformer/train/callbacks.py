@@ -6,6 +6,7 @@ import csv
 import io
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -31,12 +32,17 @@ CSV_FIELDS = (
 _EARLIER_FIELDS = CSV_FIELDS[:-1]
 
 
+# Tokens trained on between two global steps (first, last): the global batch in tokens times the steps, or what
+# a length schedule makes of it (RecallMix.tokens_between).
+TokenCount = Callable[[int, int], int]
+
+
 class ProgressBar(TrainerCallback):
     """One tqdm bar over optimizer steps (main process only): the latest training loss, validation loss and
-    tokens/s in its postfix; tqdm supplies the rate and ETA. ``tokens_per_step`` is the global batch in tokens."""
+    tokens/s in its postfix; tqdm supplies the rate and ETA. ``tokens`` counts the tokens between two steps."""
 
-    def __init__(self, tokens_per_step: int, desc: str = "train") -> None:
-        self.tokens_per_step = tokens_per_step
+    def __init__(self, tokens: TokenCount, desc: str = "train") -> None:
+        self.tokens = tokens
         self.desc = desc
         self.bar = None
         self.postfix: dict[str, str] = {}
@@ -53,7 +59,7 @@ class ProgressBar(TrainerCallback):
             elapsed = time.perf_counter() - self._start[0]
             steps = state.global_step - self._start[1]
             if elapsed > 0 and steps > 0:
-                self.postfix["tok/s"] = f"{steps * self.tokens_per_step / elapsed:,.0f}"
+                self.postfix["tok/s"] = f"{self.tokens(self._start[1], state.global_step) / elapsed:,.0f}"
             self.bar.set_postfix(self.postfix, refresh=False)
         return control
 
@@ -76,13 +82,14 @@ class ProgressBar(TrainerCallback):
 class CsvMetrics(TrainerCallback):
     """Appends one row per Trainer log to ``path`` (main process only) and flushes it, so a killed run keeps
     every row it logged. A resumed run drops rows past its restart step first, so the file holds one history.
-    ``trace_columns`` (:func:`difftransformer.train.traces.trace_columns`) follow :data:`CSV_FIELDS`."""
+    ``tokens`` counts the tokens between two steps (for tokens/s); ``trace_columns``
+    (:func:`difftransformer.train.traces.trace_columns`) follow :data:`CSV_FIELDS`."""
 
     def __init__(
-        self, path: str | os.PathLike, tokens_per_step: int, trace_columns: tuple[str, ...] = ()
+        self, path: str | os.PathLike, tokens: TokenCount, trace_columns: tuple[str, ...] = ()
     ) -> None:
         self.path = Path(path)
-        self.tokens_per_step = tokens_per_step
+        self.tokens = tokens
         self.fields = CSV_FIELDS + tuple(trace_columns)
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -120,7 +127,7 @@ class CsvMetrics(TrainerCallback):
         row = {key: logs[key] for key in self.fields if key in logs}
         row.update(step=state.global_step, epoch=state.epoch, wall_seconds=f"{elapsed:.3f}")
         if "loss" in logs and elapsed > 0 and steps > 0:
-            row["tokens_per_second"] = f"{steps * self.tokens_per_step / elapsed:.1f}"
+            row["tokens_per_second"] = f"{self.tokens(self._start[1], state.global_step) / elapsed:.1f}"
         with open(self.path, "a", newline="") as handle:
             csv.DictWriter(handle, fieldnames=self.fields).writerow(row)
             handle.flush()

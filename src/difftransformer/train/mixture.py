@@ -47,12 +47,20 @@ class RecallMix:
     """Shares of training rows replaced by synthetic recall: ``needle_fraction`` multi-needle retrieval blocks,
     ``mqar_fraction`` MQAR rows with a number of key-value pairs drawn uniformly from ``mqar_pairs`` (lowest,
     highest), ``induction_fraction`` induction rows (repeated random segments, which teach the circuit recall
-    needs). All 0: plain text."""
+    needs). All 0: plain text.
+
+    ``length_schedule``: a curriculum of row lengths, ``((first step, tokens), ...)`` from step 0 on, ascending,
+    the last at most the block size (empty: every row a full block; not with needle rows). A row served while the
+    schedule says L tokens is L long: a text block's first L tokens, MQAR and induction rows drawn at L, MQAR's
+    pair counts scaled by L / block size (:meth:`pairs_at`). :class:`~difftransformer.train.curriculum.LengthCurriculum` moves a
+    :class:`MixedBlocks` along it while training.
+    """
 
     needle_fraction: float = 0.0
     mqar_fraction: float = 0.0
     induction_fraction: float = 0.0
     mqar_pairs: tuple[int, int] = (2, 8)
+    length_schedule: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("needle_fraction", "mqar_fraction", "induction_fraction"):
@@ -69,14 +77,52 @@ class RecallMix:
             raise UsageError(
                 f"`mqar_pairs` must be (lowest, highest) with 1 <= lowest <= highest; got {self.mqar_pairs}"
             )
+        schedule = self.length_schedule
+        steps, lengths = [step for step, _ in schedule], [length for _, length in schedule]
+        if schedule and (steps[0] != 0 or steps != sorted(set(steps)) or lengths != sorted(set(lengths))):
+            raise UsageError(
+                "`length_schedule` must be (first step, tokens) pairs starting at step 0, steps and lengths both "
+                f"ascending; got {schedule}"
+            )
+        if schedule and self.needle_fraction:
+            raise UsageError(
+                "`length_schedule` cannot shorten needle blocks (their question sits at the end); got "
+                f"`needle_fraction` {self.needle_fraction} with it"
+            )
+
+    def pairs_at(self, length: int, block_size: int) -> tuple[int, int]:
+        """The (lowest, highest) MQAR pair counts of a row of ``length`` tokens: :attr:`mqar_pairs` scaled by
+        ``length / block_size`` (at least 1 pair)."""
+        low, high = (max(1, pairs * length // block_size) for pairs in self.mqar_pairs)
+        return low, high
 
     def check(self, block_size: int, vocabulary: MqarVocabulary) -> None:
         """UsageError naming the field when blocks of ``block_size`` tokens cannot hold the mix's rows, MQAR rows
-        drawn from ``vocabulary``."""
-        if self.mqar_fraction:
-            MqarSettings(self.mqar_pairs[1], None, block_size).check(vocabulary)
-        if self.induction_fraction:
-            make_induction_batch(np.random.default_rng(0), 1, block_size, np.arange(2))
+        drawn from ``vocabulary``, at every length of the schedule."""
+        lengths = [length for _, length in self.length_schedule] or [block_size]
+        if lengths[-1] > block_size:
+            raise UsageError(
+                f"`length_schedule` reaches {lengths[-1]} tokens, beyond the block size {block_size}"
+            )
+        for length in lengths:
+            if self.mqar_fraction:
+                MqarSettings(self.pairs_at(length, block_size)[1], None, length).check(vocabulary)
+            if self.induction_fraction:
+                make_induction_batch(np.random.default_rng(0), 1, length, np.arange(2))
+
+    def length_at(self, step: int, block_size: int) -> int:
+        """The length of the rows of global step ``step`` (0 for the first optimizer step): the schedule's, or the
+        block size without one."""
+        return next((length for start, length in reversed(self.length_schedule) if start <= step), block_size)
+
+    def tokens_between(self, first: int, last: int, block_size: int, step_tokens: int) -> int:
+        """Tokens trained on from global step ``first`` to ``last``, where a step of full blocks holds
+        ``step_tokens``: with a schedule, each step counts its rows' length."""
+        if not self.length_schedule:
+            return (last - first) * step_tokens
+        return sum(
+            step_tokens * self.length_at(step, block_size) // block_size for step in range(first, last)
+        )
 
 
 # Mixed into the seed of every row's draw, so the rows it picks differ from other draws of the same seed.
@@ -108,6 +154,10 @@ class MixedBlocks(Blocks):
         self.mix = mix
         self.seed = seed
         self.recall_ids = np.concatenate([self.vocabulary.keys, self.vocabulary.values])
+        # With a length schedule, while training: the rows of a step (per process) and the rows served so far, from
+        # which a row's step, and so its length, follows (follow_schedule).
+        self._rows_per_step: int | None = None
+        self._served = 0
 
     def kind(self, index: int) -> str:
         """What row ``index`` serves: "needle", "mqar", "induction" or "text"."""
@@ -123,16 +173,33 @@ class MixedBlocks(Blocks):
             u -= share
         return "text", rng
 
+    def follow_schedule(self, step: int, rows_per_step: int) -> None:
+        """Serve rows along the mix's length schedule from global step ``step`` on, ``rows_per_step`` rows (per
+        process, every accumulated micro-batch) a step: the rows served from here are counted, so a row's length is
+        its step's whatever the data loader fetches ahead. Training calls it at its start and at every epoch
+        (:class:`~difftransformer.train.curriculum.LengthCurriculum`); without it rows have the schedule's first
+        length."""
+        if rows_per_step < 1:
+            raise ValueError(f"rows_per_step must be >= 1; got {rows_per_step}")
+        self._rows_per_step, self._served = rows_per_step, step * rows_per_step
+
+    def row_length(self) -> int:
+        """The length of the next row served (the block size without a schedule)."""
+        step = 0 if self._rows_per_step is None else self._served // self._rows_per_step
+        return self.mix.length_at(step, self.blocks.shape[1])
+
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         kind, rng = self._draw(index)
+        length = self.row_length()
+        self._served += 1
         if kind == "text":
-            return super().__getitem__(index)
+            row = super().__getitem__(index)["input_ids"][:length]
+            return {"input_ids": row, "labels": row}
         if kind == "needle":
             row = torch.tensor(self.needles.row(rng), dtype=torch.long)
             return {"input_ids": row, "labels": row}
-        length = self.blocks.shape[1]
         if kind == "mqar":
-            low, high = self.mix.mqar_pairs
+            low, high = self.mix.pairs_at(length, self.blocks.shape[1])
             settings = MqarSettings(int(rng.integers(low, high + 1)), None, length)
             batch = make_mqar_batch(rng, 1, settings, self.vocabulary)
         else:

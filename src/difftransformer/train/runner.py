@@ -26,9 +26,10 @@ from difftransformer.ops import fused_cpu_available
 from difftransformer.storage import check_output_dir, read_json, write_json
 from difftransformer.train.callbacks import CsvMetrics, ProgressBar
 from difftransformer.train.checkpoints import CompletionMarker, checkpoints, last_good_checkpoint
+from difftransformer.train.curriculum import LengthCurriculum
 from difftransformer.train.fsdp import check_fsdp_state_dict, enable_fsdp_on_cpu
 from difftransformer.train.lock import RunDirectoryTaken, RunLock
-from difftransformer.train.mixture import Blocks, MixedBlocks
+from difftransformer.train.mixture import Blocks, MixedBlocks, RecallMix
 from difftransformer.train.recall import RecallProbe
 from difftransformer.train.settings import TrainingSettings, tokens_per_step
 from difftransformer.train.traces import LambdaTraces
@@ -196,9 +197,13 @@ def train_model(
         )
         block_size = _check_blocks(train_dataset.blocks, eval_blocks, config)
         step_tokens = tokens_per_step(block_size, args)
-        probe = None
+        mix = train_dataset.mix if isinstance(train_dataset, MixedBlocks) else RecallMix()
+        tokens = functools.partial(mix.tokens_between, block_size=block_size, step_tokens=step_tokens)
+        probe, curriculum = None, []
         if isinstance(train_dataset, MixedBlocks) and train_dataset.mix.mqar_fraction:
             probe = RecallProbe(train_dataset.vocabulary, block_size, seed=args.seed)
+        if isinstance(train_dataset, MixedBlocks) and train_dataset.mix.length_schedule:
+            curriculum.append(LengthCurriculum(train_dataset, args.dataloader_num_workers))
         traces = LambdaTraces(model)
         trainer = LanguageModelTrainer(
             model=model,
@@ -211,8 +216,9 @@ def train_model(
             lambda_traces=traces,
             callbacks=[
                 CompletionMarker(),
-                CsvMetrics(output_dir / METRICS_CSV, step_tokens, traces.columns),
-                ProgressBar(step_tokens, desc=progress_desc),
+                CsvMetrics(output_dir / METRICS_CSV, tokens, traces.columns),
+                ProgressBar(tokens, desc=progress_desc),
+                *curriculum,
                 *callbacks,
             ],
         )
@@ -231,7 +237,7 @@ def train_model(
             output_dir=output_dir,
             parameters=sum(p.numel() for p in model.parameters()),
             train_seconds=seconds,
-            tokens_per_second=(trainer.state.global_step - first_step) * step_tokens / max(seconds, 1e-9),
+            tokens_per_second=tokens(first_step, trainer.state.global_step) / max(seconds, 1e-9),
             final_eval_loss=float(final_eval),
             global_step=trainer.state.global_step,
         )
