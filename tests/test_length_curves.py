@@ -40,6 +40,9 @@ def test_length_section_tables_the_common_pairs_and_draws_the_curves(tmp_path):
     assert "| DIFF | 0.94 ± 0.07 | 0.84 ± 0.07 | 0.59 ± 0.14 |" in text
     assert "| Transformer | 0.94 ± 0.00 | 0.69 ± 0.00 | 0.19 ± 0.00 |" in text
     assert "trained at 256 tokens" in text and "(4, 8, 16)" in text
+    grown = Report("grown")
+    length_section(grown, groups, 256, tmp_path, ((0, 64), (3000, 256)))
+    assert "trained on rows of 64 tokens from step 0, then 256 tokens from step 3000" in grown.markdown()
     assert (tmp_path / "mqar_length_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -93,9 +93,16 @@ def plot_length_curves(groups: list[Group], trained_length: int | None, path: Pa
     save_figure(figure, path)
 
 
-def length_section(report: Report, groups: list[Group], trained_length: int | None, out: Path) -> None:
+def length_section(
+    report: Report,
+    groups: list[Group],
+    trained_length: int | None,
+    out: Path,
+    schedule: tuple[tuple[int, int], ...] = (),
+) -> None:
     """Append the section "Recall against context length" (table and ``mqar_length_curves.png`` in ``out``) when
-    every run scored mqar on a grid of lengths; nothing otherwise."""
+    every run scored mqar on a grid of lengths; nothing otherwise. ``schedule``: the training rows' length by step
+    (a length curriculum), said in the text."""
     if not all(_grid(suite) is not None for _, suites in groups for suite in suites):
         return
     pairs = common_pairs(groups)
@@ -103,6 +110,9 @@ def length_section(report: Report, groups: list[Group], trained_length: int | No
     lengths = sorted(first["by_length"], key=int)
     report.heading("Recall against context length")
     trained = f" (trained at {trained_length} tokens: the dotted line)" if trained_length else ""
+    if schedule:
+        grown = ", then ".join(f"{length} tokens from step {step}" for step, length in schedule)
+        trained = f" (trained on rows of {grown}; the dotted line marks {trained_length})"
     report.paragraph(
         "The paper's mechanism: a softmax map spreads mass over every key, so its noise grows with the number of "
         "distractors, and subtraction cancels it. MQAR accuracy against sequence length"

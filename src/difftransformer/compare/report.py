@@ -36,6 +36,7 @@ from difftransformer.train.traces import is_trace_column
 if TYPE_CHECKING:
     from difftransformer.compare.records import RunRecord
     from difftransformer.compare.settings import ComparisonSettings
+    from difftransformer.train.mixture import RecallMix
     from difftransformer.train.pipeline import PreparedData
     from difftransformer.train.presets import Preset
 
@@ -425,6 +426,20 @@ def scaling_section(
     report.image(name, f"test loss against {by}, log-log, with power-law fits")
 
 
+def _schedule_text(mix: RecallMix, block_size: int) -> str:
+    """How the training rows grew along a length schedule, for the setup paragraph ("" without one)."""
+    if not mix.length_schedule:
+        return ""
+    stages = []
+    for step, length in mix.length_schedule:
+        low, high = mix.pairs_at(length, block_size)
+        stages.append(
+            f"{length} tokens from step {step}" + (f" ({low}-{high} MQAR pairs)" if mix.mqar_fraction else "")
+        )
+    grown = ", then ".join(stages)
+    return f"; the rows grew with the step (a length curriculum): {grown}, text blocks cut to that length"
+
+
 def build_report(
     records: list[RunRecord],
     variants: Sequence[Variant],
@@ -463,6 +478,7 @@ def build_report(
             )
             if share
         )
+        + _schedule_text(data.recall, preset.block_size)
         + f"; tokenizer vocabulary {len(data.tokenizer)}. "
         f"Every variant saw the same blocks in the same order, with the same seeds and optimizer recipe "
         f"(AdamW betas ({recipe['adam_beta1']}, {recipe['adam_beta2']}), weight decay {recipe['weight_decay']}, lr "
@@ -508,7 +524,7 @@ def build_report(
         for scale in scales
         for variant in variants
     ]
-    length_section(report, groups, preset.block_size, out)
+    length_section(report, groups, preset.block_size, out, preset.length_schedule)
     suite_sections(report, groups, out)
     harness_section(report, records, variants, out)
     if by is not None:
