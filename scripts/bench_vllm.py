@@ -156,7 +156,7 @@ def main() -> int:
             rows.append(row)
             print(
                 f"{kind + ' B=' + str(batch):<22}{row['vllm_tokens_per_s']:>12.0f}{row['generate_tokens_per_s']:>16.0f}"
-                f"{row['vllm_over_generate']:>15.2f}{row['time_over_baseline_vllm']:>22.3f}"
+                f"{row['vllm_over_generate']:>15.2f}{row['time_over_baseline_vllm']:>15.3f}"
             )
     if args.output is not None:
         record = dict(
