@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code f685a9ad921c9460; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 0b7e0f8931938a9f; change the package, not this file.
 """The Differential Transformer's configuration, generated from difftransformer/models/configuration.py."""
 
 from __future__ import annotations
