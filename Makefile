@@ -46,8 +46,8 @@ study-retrieval: $(STAMP)
 	cp $(RETRIEVAL_RUNS)/report.md $(RETRIEVAL_RUNS)/report.html $(RETRIEVAL_RUNS)/results.json \
 		$(RETRIEVAL_RUNS)/*.png $(RETRIEVAL_REPORT)/
 
-# The long-context retrieval study of docs/results/retrieval-long: the retrieval study's models trained on 256-token
-# rows with 8-64 MQAR pairs, MQAR scored on a grid of lengths (64-1024 tokens) by pairs (4-128) with the attention
+# The long-context retrieval study of docs/results/retrieval-long: the retrieval study's models trained on rows grown
+# from 64 to 256 tokens (8-64 MQAR pairs at 256), MQAR scored on a grid of lengths (64-1024 tokens) by pairs (4-64) with the attention
 # allocation at every length; DIFF as the paper specifies it, without its per-head norm, DIFF V2 and the
 # Transformer, 3 seeds each. The report is copied to RETRIEVAL_LONG_REPORT.
 RETRIEVAL_LONG_RUNS ?= runs/study-retrieval-long
