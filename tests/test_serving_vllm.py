@@ -23,6 +23,7 @@ import pytest
 import torch
 from transformers import DiffLlamaConfig, DiffLlamaForCausalLM
 
+from difftransformer import DiffTransformerForCausalLM, cli
 from difftransformer.convert import from_diffllama, upcycle
 from difftransformer.data.tokenizer import train_tokenizer
 from helpers import random_model, randomize
@@ -99,6 +100,11 @@ NEW_TOKENS, TOP_K = 10, 4
 def build(folder: Path, model: torch.nn.Module, prompts: list[list[int]] = PROMPTS) -> dict:
     """Save ``model`` to ``folder`` and return the package's greedy tokens and top-k log-probabilities per step."""
     model.save_pretrained(folder)
+    return expected_of(folder, model, prompts)
+
+
+def expected_of(folder: Path, model: torch.nn.Module, prompts: list[list[int]] = PROMPTS) -> dict:
+    """The package's greedy tokens and top-k log-probabilities per step for ``model``, saved in ``folder``."""
     expected = []
     with torch.no_grad():
         for prompt in prompts:
@@ -169,6 +175,24 @@ def served(tmp_path_factory) -> tuple[dict, list[dict]]:
     ]
     jobs[list(built).index("v1-longrope")]["max_model_len"] = 128  # its original_max_position_embeddings
     return built, run_vllm(root, jobs)
+
+
+def test_tiny_preset_runs_of_each_kind_serve_the_packages_tokens(tmp_path):
+    """The folders `difftransformer train --preset tiny` writes serve as they are, for every kind."""
+    built = []
+    for kind in ("softmax", "diff_v2", "diff"):
+        run = tmp_path / kind
+        argv = ["train", "--preset", "tiny", "--attention", kind, "--max-steps", "2", "--report-to", "none",
+                "--output-dir", str(run)]  # fmt: skip
+        assert cli.main(argv) == 0
+        built.append(expected_of(run, DiffTransformerForCausalLM.from_pretrained(run).eval()))
+    jobs = [
+        {"folder": b["folder"], "prompts": PROMPTS, "max_tokens": NEW_TOKENS, "logprobs": TOP_K}
+        for b in built
+    ]
+    for result, expected in zip(run_vllm(tmp_path, jobs), built):
+        assert "error" not in result, result.get("error")
+        assert_same_generations(result["rounds"][0], expected["expected"], expected["folder"])
 
 
 @pytest.mark.parametrize("name", [*FOLDERS, "upcycled-diff_v2", "upcycled-diff", "from-diffllama"])
