@@ -4,12 +4,16 @@ lengths by pairs."""
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 import torch
 
+from difftransformer.cli import main
 from difftransformer.data.mqar import IGNORE_INDEX, MqarSettings, mqar_vocabulary
 from difftransformer.eval.suite import SuiteSettings
 from difftransformer.models import DiffTransformerForCausalLM
+from difftransformer.train import cli as train_cli
 from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.mixture import MixedBlocks
 from difftransformer.train.presets import get_preset
@@ -70,3 +74,23 @@ def test_its_rows_grow_and_a_model_trains_on_them(tmp_path):
     model = DiffTransformerForCausalLM.from_pretrained(tmp_path)
     logits = model(torch.from_numpy(rng.integers(0, 320, size=(1, 1024)))).logits  # beyond the trained length
     assert logits.shape == (1, 1024, 320) and bool(torch.isfinite(logits).all())
+
+
+def test_the_length_schedule_flag_replaces_the_presets_and_is_checked_before_work(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    train_cli.configure(parser)
+    flags = ["--preset", "retrieval-long", "--output-dir", str(tmp_path / "run")]
+    preset = train_cli.resolved_preset(parser.parse_args([*flags, "--length-schedule", "0:64,4500:256"]))
+    assert preset.length_schedule == ((0, 64), (4500, 256))
+    assert [preset.recall.length_at(step, 256) for step in (4499, 4500)] == [64, 256]
+    assert train_cli.resolved_preset(parser.parse_args(flags)).length_schedule == ((0, 64), (3000, 256))
+    for schedule, expected in (("64:0", "STEP:TOKENS"), ("0:64,10:32", "ascending"), ("5:64", "step 0"),
+                               ("0:64,10:512", "beyond the block size")):  # fmt: skip
+        try:  # argparse exits on a word its type refuses; the preset's own checks return 2
+            status = main(["train", *flags, "--length-schedule", schedule])
+        except SystemExit as exit_:
+            status = exit_.code
+        assert status == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "--length-schedule" in err and expected in err, err
+        assert not (tmp_path / "run").exists()

@@ -90,7 +90,7 @@ def resolved_preset(args: argparse.Namespace) -> Preset:
         overrides = {**{name: 0.0 for name in RECALL_FRACTIONS}, **overrides}
     training = {name: value for name, value in given(vars(args), TrainingSettings).items() if name in RECIPE}
     preset = dataclasses.replace(preset, **overrides).with_training(**training)
-    preset.recall  # noqa: B018  (the recall mix checks its shares now)
+    preset.recall.check_schedule(preset.block_size)  # the recall mix checks its shares as it is made
     for attention in ATTENTION_KINDS:  # the model options are checked now, before any work
         try:
             preset.model_config(attention)

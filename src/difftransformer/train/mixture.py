@@ -96,15 +96,19 @@ class RecallMix:
         low, high = (max(1, pairs * length // block_size) for pairs in self.mqar_pairs)
         return low, high
 
+    def check_schedule(self, block_size: int) -> None:
+        """UsageError naming the field when the length schedule grows rows beyond ``block_size`` tokens (checked
+        with the options, before any data is read)."""
+        if self.length_schedule and self.length_schedule[-1][1] > block_size:
+            raise UsageError(
+                f"`length_schedule` reaches {self.length_schedule[-1][1]} tokens, beyond the block size {block_size}"
+            )
+
     def check(self, block_size: int, vocabulary: MqarVocabulary) -> None:
         """UsageError naming the field when blocks of ``block_size`` tokens cannot hold the mix's rows, MQAR rows
         drawn from ``vocabulary``, at every length of the schedule."""
-        lengths = [length for _, length in self.length_schedule] or [block_size]
-        if lengths[-1] > block_size:
-            raise UsageError(
-                f"`length_schedule` reaches {lengths[-1]} tokens, beyond the block size {block_size}"
-            )
-        for length in lengths:
+        self.check_schedule(block_size)
+        for length in [length for _, length in self.length_schedule] or [block_size]:
             if self.mqar_fraction:
                 MqarSettings(self.pairs_at(length, block_size)[1], None, length).check(vocabulary)
             if self.induction_fraction:

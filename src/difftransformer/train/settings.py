@@ -116,6 +116,25 @@ class RunOptions:
     )  # fmt: skip
 
 
+def parse_length_schedule(text: str) -> list[tuple[int, int]]:
+    """'0:64,3000:256' -> [(0, 64), (3000, 256)]: (first step, tokens) pairs; the recall mix checks their order
+    against the block size."""
+    schedule = []
+    for item in text.split(","):
+        try:
+            step, tokens = (int(part) for part in item.split(":"))
+        except ValueError as err:
+            raise UsageError(
+                f"`length_schedule` must be STEP:TOKENS pairs separated by commas (e.g. 0:64,3000:256); got {text!r}"
+            ) from err
+        if step < 0 or tokens < 2:
+            raise UsageError(
+                f"`length_schedule`: each STEP:TOKENS needs STEP >= 0 and TOKENS >= 2; got {item!r}"
+            )
+        schedule.append((step, tokens))
+    return schedule
+
+
 @dataclass
 class PresetOptions:
     """The model and the recipe: a preset, and the preset values a flag may override (unset: the preset's)."""
@@ -173,8 +192,21 @@ class PresetOptions:
             "help": "longest sequence the saved model admits (unset: the block size it was trained on)"
         },
     )
+    length_schedule: tuple[tuple[int, int], ...] | None = field(
+        default=None,
+        metadata={
+            "help": "rows that grow with the step, STEP:TOKENS pairs from step 0, e.g. 0:64,3000:256: from each "
+            "step on, text, MQAR and induction rows have that many tokens, MQAR pairs scaled with them (default: "
+            "the preset's; none: every row has the block size)",
+            "parse": parse_length_schedule,
+            "show": lambda schedule: ",".join(f"{step}:{tokens}" for step, tokens in schedule),
+            "metavar": "STEP:TOKENS",
+        },
+    )
 
     def __post_init__(self) -> None:
+        if self.length_schedule is not None:
+            self.length_schedule = tuple((int(step), int(tokens)) for step, tokens in self.length_schedule)
         for name, lowest in (("block_size", 2), ("vocab_size", MIN_VOCAB_SIZE), ("eval_blocks", 1),
                              ("max_position_embeddings", 2)):  # fmt: skip
             value = getattr(self, name)
