@@ -6,9 +6,10 @@ Run from the package's environment after ``make test-serving`` has built the vLL
 the benchmark's shape (``difftransformer bench``: d_model 256, 4 layers, 4 DIFF heads against 8 baseline heads of
 width 32) with random weights; each generates ``--new-tokens`` tokens greedily (no stop) after the same 64-token
 prompts, in float32 on the CPU. transformers' side runs here; vLLM's runs this file again in the vLLM environment
-(``--vllm-worker``: vLLM pins an older transformers), its engine in-process, one model at a time, prefix caching off
-so that every round generates from scratch. Prints tokens/s (median of ``--repeats`` rounds after a warm-up round)
-and the ratios; ``--output`` writes them as JSON.
+(``--vllm-worker``: vLLM pins an older transformers), one in-process engine per model, all held at once, prefix
+caching off so that every round generates from scratch. On each side the three models take turns round by round in a
+rotating order, so that the machine's drift reaches them alike. Prints tokens/s (median of ``--repeats`` rounds
+after a warm-up round each) and the ratios; ``--output`` writes them as JSON.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -38,38 +40,45 @@ def prompts(batch: int) -> list[list[int]]:
     return [[(31 * row + 7 * i) % 4000 + 50 for i in range(PROMPT_TOKENS)] for row in range(batch)]
 
 
-def time_rounds(run, repeats: int) -> float:
-    """Median seconds of ``repeats`` calls of ``run`` after one untimed call."""
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def time_in_turns(runs: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
+    """Median seconds of ``repeats`` calls of each of ``runs``, after one untimed call each, the contenders taking
+    turns call by call in a rotating order, so that drift of the machine reaches all of them alike."""
+    for run in runs.values():
         run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    names = list(runs)
+    for round_ in range(repeats):
+        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
+            start = time.perf_counter()
+            runs[name]()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(seconds) for name, seconds in times.items()}
 
 
 def vllm_worker(folders: dict[str, str], batches: list[int], new_tokens: int, repeats: int) -> dict:
-    """tokens/s of vLLM for each folder and batch size (runs in the vLLM environment)."""
+    """tokens/s of vLLM for each folder and batch size (runs in the vLLM environment): one in-process engine per
+    folder, all held at once, taking turns."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    import gc
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
-    results = {}
-    for kind, folder in folders.items():
-        llm = LLM(
+    engines = {
+        kind: LLM(
             folder, dtype="float32", max_model_len=512, enable_prefix_caching=False, skip_tokenizer_init=True
         )
-        for batch in batches:
-            requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompts(batch)]
-            seconds = time_rounds(partial(llm.generate, requests, params, use_tqdm=False), repeats)
+        for kind, folder in folders.items()
+    }
+    results = {}
+    for batch in batches:
+        requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompts(batch)]
+        runs = {
+            kind: partial(llm.generate, requests, params, use_tqdm=False) for kind, llm in engines.items()
+        }
+        for kind, seconds in time_in_turns(runs, repeats).items():
             results[f"{kind}/{batch}"] = batch * new_tokens / seconds
-        del llm
-        gc.collect()
     return results
 
 
@@ -81,17 +90,21 @@ def generate_greedily(model, ids, new_tokens: int) -> None:
 
 
 def transformers_side(folders: dict[str, str], batches: list[int], new_tokens: int, repeats: int) -> dict:
-    """tokens/s of the package's models with transformers' ``generate`` (a KV cache, one token a step)."""
+    """tokens/s of the package's models with transformers' ``generate`` (a KV cache, one token a step), taking
+    turns."""
     import torch
 
     from difftransformer import DiffTransformerForCausalLM
 
+    models = {
+        kind: DiffTransformerForCausalLM.from_pretrained(folder).eval() for kind, folder in folders.items()
+    }
     results = {}
-    for kind, folder in folders.items():
-        model = DiffTransformerForCausalLM.from_pretrained(folder).eval()
-        for batch in batches:
-            run = partial(generate_greedily, model, torch.tensor(prompts(batch)), new_tokens)
-            results[f"{kind}/{batch}"] = batch * new_tokens / time_rounds(run, repeats)
+    for batch in batches:
+        ids = torch.tensor(prompts(batch))
+        runs = {kind: partial(generate_greedily, model, ids, new_tokens) for kind, model in models.items()}
+        for kind, seconds in time_in_turns(runs, repeats).items():
+            results[f"{kind}/{batch}"] = batch * new_tokens / seconds
     return results
 
 
