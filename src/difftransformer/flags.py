@@ -37,7 +37,7 @@ from difftransformer.errors import UsageError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["add_flags", "flag", "flag_spellings", "given", "torch_device"]
+__all__ = ["add_flags", "flag", "flag_spellings", "given", "integer_pairs", "torch_device"]
 
 # Our own keys of a field's ``metadata`` (HfArgumentParser hands every other key to ``add_argument``): a function
 # reading one command-line word, and one writing the default as the help shows it.
@@ -138,6 +138,21 @@ def _word(parse: Callable[[str], Any]) -> Callable[[str], Any]:
             raise argparse.ArgumentTypeError(str(err)) from None
 
     return read
+
+
+def integer_pairs(text: str, field: str, example: str) -> list[tuple[int, int]]:
+    """A flag word of A:B integer pairs separated by commas, ``'1:1,4:2'`` -> ``[(1, 1), (4, 2)]``; a UsageError
+    naming ``field`` with ``example`` for anything else."""
+    pairs = []
+    for item in text.split(","):
+        try:
+            first, second = (int(part) for part in item.split(":"))
+        except ValueError as err:
+            raise UsageError(
+                f"`{field}` must be pairs separated by commas (e.g. {example}); got {text!r}"
+            ) from err
+        pairs.append((first, second))
+    return pairs
 
 
 class _ExtendItems(argparse.Action):

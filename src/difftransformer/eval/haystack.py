@@ -21,6 +21,7 @@ from difftransformer.errors import UsageError
 from difftransformer.eval.common import capped, check_context_length, max_context
 from difftransformer.eval.generation import greedy_ids
 from difftransformer.eval.options import counts, distinct, not_empty, option, seeded
+from difftransformer.flags import integer_pairs
 
 DEFAULT_DEPTHS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -28,19 +29,12 @@ DEFAULT_DEPTHS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 def parse_needle_configs(text: str) -> list[tuple[int, int]]:
     """'1:1,2:2,4:2' -> [(1, 1), (2, 2), (4, 2)] as (N needles, R queries), 1 <= R <= N <= the cities there
     are."""
-    configs = []
-    for item in text.split(","):
-        try:
-            n, r = (int(x) for x in item.split(":"))
-        except ValueError as err:
-            raise UsageError(
-                f"`needles` must be N:R pairs separated by commas (e.g. 1:1,4:2); got {text!r}"
-            ) from err
+    configs = integer_pairs(text, "needles", "N:R as 1:1,4:2")
+    for n, r in configs:
         if not 1 <= r <= n:
-            raise UsageError(f"`needles`: each N:R needs 1 <= R <= N; got {item!r}")
+            raise UsageError(f"`needles`: each N:R needs 1 <= R <= N; got '{n}:{r}'")
         if n > len(CITIES):
             raise UsageError(f"`needles`: N={n} exceeds the {len(CITIES)} cities a needle can name")
-        configs.append((n, r))
     return configs
 
 

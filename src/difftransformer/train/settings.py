@@ -21,6 +21,7 @@ from transformers.trainer_utils import IntervalStrategy
 
 from difftransformer.data.tokenizer import MIN_VOCAB_SIZE
 from difftransformer.errors import UsageError, check_seed
+from difftransformer.flags import integer_pairs
 from difftransformer.models import ATTENTION_KINDS
 
 
@@ -119,19 +120,12 @@ class RunOptions:
 def parse_length_schedule(text: str) -> list[tuple[int, int]]:
     """'0:64,3000:256' -> [(0, 64), (3000, 256)]: (first step, tokens) pairs; the recall mix checks their order
     against the block size."""
-    schedule = []
-    for item in text.split(","):
-        try:
-            step, tokens = (int(part) for part in item.split(":"))
-        except ValueError as err:
-            raise UsageError(
-                f"`length_schedule` must be STEP:TOKENS pairs separated by commas (e.g. 0:64,3000:256); got {text!r}"
-            ) from err
+    schedule = integer_pairs(text, "length_schedule", "STEP:TOKENS as 0:64,3000:256")
+    for step, tokens in schedule:
         if step < 0 or tokens < 2:
             raise UsageError(
-                f"`length_schedule`: each STEP:TOKENS needs STEP >= 0 and TOKENS >= 2; got {item!r}"
+                f"`length_schedule`: each STEP:TOKENS needs STEP >= 0 and TOKENS >= 2; got '{step}:{tokens}'"
             )
-        schedule.append((step, tokens))
     return schedule
 
 
