@@ -1,6 +1,13 @@
-"""Small models with every parameter randomised, for the model and conversion tests."""
+"""Small models with every parameter randomised, for the model and conversion tests; a local port and a
+completion from an OpenAI-compatible server, for the serving tests."""
 
 from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+import urllib.request
 
 import torch
 
@@ -35,3 +42,35 @@ def random_model(
 ) -> DiffTransformerForCausalLM:
     model = DiffTransformerForCausalLM(tiny_config(**overrides)).to(dtype)
     return randomize(model, seed).eval()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def completion_from_server(command: list[str], env: dict, port: int, body: dict, timeout: float) -> dict:
+    """Start the OpenAI-compatible server ``command`` (listening on 127.0.0.1:``port``), wait up to ``timeout``
+    seconds for /health, POST ``body`` to /v1/completions and return the answer; the server is stopped whatever
+    happens."""
+    server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, server.stdout.read()[-4000:]
+                time.sleep(0.5)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        return json.loads(urllib.request.urlopen(request, timeout=timeout).read())
+    finally:
+        server.terminate()
+        server.wait(timeout=60)

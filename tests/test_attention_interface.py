@@ -4,13 +4,8 @@ serve``, and forwards that never read a device tensor back to the host."""
 
 from __future__ import annotations
 
-import json
 import os
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 import torch
@@ -19,7 +14,7 @@ from transformers import AttentionInterface, DynamicCache, GenerationConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from helpers import random_model
+from helpers import completion_from_server, free_port, random_model
 
 KINDS = {
     "softmax": dict(attention="softmax", num_attention_heads=4, num_key_value_heads=2),
@@ -160,12 +155,6 @@ def test_no_forward_reads_a_device_tensor_back(kind):
     assert training.reads == [] and decoding.reads == []
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_transformers_serve_answers_with_the_baselines_tokens(tmp_path):
     """``transformers serve`` with continuous batching on 127.0.0.1 answers ``/v1/completions`` with the tokens our
     baseline generates greedily. transformers 5.23's server takes only transformers' own classes (it looks the
@@ -187,25 +176,7 @@ def test_transformers_serve_answers_with_the_baselines_tokens(tmp_path):
     command = [serve, "serve", str(tmp_path / "llama"), "--continuous-batching", "--host", "127.0.0.1"]
     command += ["--port", str(port)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, server.stdout.read()[-3000:]
-                time.sleep(0.5)
-        body = {"model": str(tmp_path / "llama"), "prompt": "to be or not", "max_tokens": 8, "temperature": 0}
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/v1/completions",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        answer = json.loads(urllib.request.urlopen(request, timeout=120).read())
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    body = {"model": str(tmp_path / "llama"), "prompt": "to be or not", "max_tokens": 8, "temperature": 0}
+    answer = completion_from_server(command, env, port, body, timeout=120)
     assert answer["usage"]["completion_tokens"] == 8
     assert answer["choices"][0]["text"] == tokenizer.decode(expected)

@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -26,7 +23,7 @@ from transformers import DiffLlamaConfig, DiffLlamaForCausalLM
 from difftransformer import DiffTransformerForCausalLM, cli
 from difftransformer.convert import from_diffllama, upcycle
 from difftransformer.data.tokenizer import train_tokenizer
-from helpers import random_model, randomize
+from helpers import completion_from_server, free_port, random_model, randomize
 
 pytestmark = pytest.mark.serving
 
@@ -263,12 +260,6 @@ def test_unservable_folders_are_refused_naming_the_setting(tmp_path):
         assert words in result["error"], (name, result["error"][-500:])
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.parametrize("fields", [FOLDERS["v2-gqa-half-tied-yarn"], FOLDERS["v1-gqa-half-plain-linear"]])
 def test_vllm_serve_answers_completions_with_the_packages_tokens(tmp_path, fields):
     """``vllm serve RUN_DIR`` (the OpenAI-compatible server) on 127.0.0.1: /v1/completions answers a text prompt
@@ -295,28 +286,10 @@ def test_vllm_serve_answers_completions_with_the_packages_tokens(tmp_path, field
     ]
     command += ["--dtype", "float32", "--max-model-len", "256"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, server.stdout.read()[-4000:]
-                time.sleep(1)
-        body = {"model": str(tmp_path / "run"), "prompt": "to be or not", "max_tokens": 8, "temperature": 0}
-        # the ids themselves: the server holds back a trailing incomplete UTF-8 character from the text
-        body.update(logprobs=1, return_tokens_as_token_ids=True)
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/v1/completions",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        answer = json.loads(urllib.request.urlopen(request, timeout=300).read())
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
+    body = {"model": str(tmp_path / "run"), "prompt": "to be or not", "max_tokens": 8, "temperature": 0}
+    # the ids themselves: the server holds back a trailing incomplete UTF-8 character from the text
+    body.update(logprobs=1, return_tokens_as_token_ids=True)
+    answer = completion_from_server(command, env, port, body, timeout=300)
     assert answer["usage"]["completion_tokens"] == 8
     tokens = answer["choices"][0]["logprobs"]["tokens"]
     assert [int(token.removeprefix("token_id:")) for token in tokens] == generated.tolist()

@@ -4,7 +4,6 @@ global batch: the logged losses agree."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -13,6 +12,7 @@ import pytest
 
 from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.runner import METRICS_CSV
+from helpers import free_port
 
 SCRIPT = textwrap.dedent(
     """
@@ -33,12 +33,6 @@ SCRIPT = textwrap.dedent(
     train_model(config, blocks[:-8], blocks[-8:], tokenizer, options)
     """
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_two_processes_match_one(tmp_path):

@@ -17,7 +17,7 @@ from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.presets import RECIPE, get_preset
 from difftransformer.train.runner import METRICS_CSV, train_model
 from difftransformer.train.settings import TrainingSettings
-from test_train_ddp import free_port
+from helpers import free_port
 from test_train_support import pack, small_tokenizer, synthetic_texts
 
 
