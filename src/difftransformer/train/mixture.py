@@ -124,8 +124,10 @@ class RecallMix:
         ``step_tokens``: with a schedule, each step counts its rows' length."""
         if not self.length_schedule:
             return (last - first) * step_tokens
+        ends = [start for start, _ in self.length_schedule[1:]] + [last]
         return sum(
-            step_tokens * self.length_at(step, block_size) // block_size for step in range(first, last)
+            max(0, min(end, last) - max(start, first)) * (step_tokens * length // block_size)
+            for (start, length), end in zip(self.length_schedule, ends)
         )
 
 
