@@ -200,9 +200,9 @@ def train_model(
         mix = train_dataset.mix if isinstance(train_dataset, MixedBlocks) else RecallMix()
         tokens = functools.partial(mix.tokens_between, block_size=block_size, step_tokens=step_tokens)
         probe, curriculum = None, []
-        if isinstance(train_dataset, MixedBlocks) and train_dataset.mix.mqar_fraction:
+        if mix.mqar_fraction:
             probe = RecallProbe(train_dataset.vocabulary, block_size, seed=args.seed)
-        if isinstance(train_dataset, MixedBlocks) and train_dataset.mix.length_schedule:
+        if mix.length_schedule:
             curriculum.append(LengthCurriculum(train_dataset, args.dataloader_num_workers))
         traces = LambdaTraces(model)
         trainer = LanguageModelTrainer(

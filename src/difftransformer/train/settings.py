@@ -191,7 +191,7 @@ class PresetOptions:
         metadata={
             "help": "rows that grow with the step, STEP:TOKENS pairs from step 0, e.g. 0:64,3000:256: from each "
             "step on, text, MQAR and induction rows have that many tokens, MQAR pairs scaled with them (default: "
-            "the preset's; none: every row has the block size)",
+            "the preset's; a preset without one trains every row at the block size)",
             "parse": parse_length_schedule,
             "show": lambda schedule: ",".join(f"{step}:{tokens}" for step, tokens in schedule),
             "metavar": "STEP:TOKENS",
