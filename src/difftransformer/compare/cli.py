@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from difftransformer.compare.cluster import connect
 from difftransformer.compare.runs import plan_comparison, run_comparison
 from difftransformer.compare.settings import ComparisonSettings
 from difftransformer.convert.folders import model_type
@@ -61,11 +62,17 @@ def run(args: argparse.Namespace) -> int:
     training = {name: value for name, value in training_options(args).items() if name != "output_dir"}
     # Every training option is checked now, before any work (each run builds its own with its folder and seed).
     checked_training_settings(preset, output_dir=os.path.join(comparison.output_dir, "runs"), **training)
-    plan_comparison(preset, comparison, training, data)
-    if data.data is not None and (note := recall_note(preset)):
-        print(note)
-    prepared = prepare_preset_data(preset, data, training["seed"])
-    markdown = run_comparison(prepared, preset, comparison, training, data)
+    plan = plan_comparison(preset, comparison, training, data)
+    # The cluster, and whether it can hold a run, before any data is prepared.
+    with connect(comparison.ray_address) as cluster:
+        resources = cluster.resources_for(comparison.run_resources, len(plan.final()))
+        print(f"compare: {cluster.describe()}; each run holds {resources}")
+        if cluster.dashboard_url:
+            print(f"compare: Ray's dashboard at {cluster.dashboard_url}")
+        if data.data is not None and (note := recall_note(preset)):
+            print(note)
+        prepared = prepare_preset_data(preset, data, training["seed"])
+        markdown = run_comparison(prepared, preset, comparison, training, data, cluster)
     print(f"report: {os.path.abspath(markdown)}")
     print(f"        {os.path.abspath(markdown.with_suffix('.html'))}")
     return 0

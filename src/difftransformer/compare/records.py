@@ -16,7 +16,7 @@ class RunRecord:
     what it scored (``suite``: what :func:`difftransformer.eval.suite.run_suite` returned; ``harness``: the
     lm-evaluation-harness tasks' metrics, ``{"options": ..., "metrics": {task: {metric: value}}}``, when asked);
     ``reused``: the model was trained by an earlier invocation with the same settings (its provenance.json says
-    which)."""
+    which); ``learning_rate``: the rate it trained at (None in records made before rates were recorded)."""
 
     variant: str
     seed: int
@@ -31,10 +31,37 @@ class RunRecord:
     suite: dict
     harness: dict = dataclasses.field(default_factory=dict)
     reused: bool = False
+    learning_rate: float | None = None
 
     def to_json(self) -> dict:
         """The record as JSON types (the folder as a string)."""
         return {**dataclasses.asdict(self), "folder": str(self.folder)}
+
+    @classmethod
+    def from_json(cls, values: dict) -> RunRecord:
+        """The record :meth:`to_json` wrote (records written before a field existed take its default)."""
+        known = {field.name for field in dataclasses.fields(cls)}
+        return cls(
+            **{
+                **{key: value for key, value in values.items() if key in known},
+                "folder": Path(values["folder"]),
+            }
+        )
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One run of a learning-rate sweep: its arm (variant spec, scale), rate and seed, the steps it was to train and
+    the step it reached (less when early stopping ended it), and its last validation loss there."""
+
+    variant: str
+    scale: str
+    learning_rate: float
+    seed: int
+    steps: int
+    step: int
+    validation_loss: float
+    stopped_early: bool
 
 
 def provenance_line(records: list[RunRecord]) -> str:

@@ -21,7 +21,8 @@ from difftransformer.compare.claims import (
 from difftransformer.compare.document import Report, mean_spread
 from difftransformer.compare.gap import gap_curves
 from difftransformer.compare.length_curves import length_section
-from difftransformer.compare.records import provenance_line
+from difftransformer.compare.rates import at_rates, learning_rate_section
+from difftransformer.compare.records import SweepPoint, provenance_line
 from difftransformer.compare.scaling import fit_power_law, matching_ratio
 from difftransformer.compare.suite_report import suite_sections
 from difftransformer.compare.variants import Variant, baseline_of, parse_variant
@@ -77,11 +78,16 @@ def _claim_name(claim: Claim, parameters_differ: bool) -> str:
 
 
 def claims_section(
-    report: Report, records: Sequence[RunRecord], variants: Sequence[Variant], scale: str, by: str | None
+    report: Report,
+    records: Sequence[RunRecord],
+    variants: Sequence[Variant],
+    scale: str,
+    by: str | None,
+    heading: str = "The paper's claims, as measured here",
 ) -> None:
     """The claims table: one row per claim of the paper the runs measured (at ``scale``; the scaling rows when
     ``by`` is "parameters" or "tokens"), for every DIFF variant against the matched baseline."""
-    report.heading("The paper's claims, as measured here")
+    report.heading(heading)
     baseline = baseline_of(variants)
     others = [v for v in variants if not v.is_baseline]
     if baseline is None or not others:
@@ -447,9 +453,14 @@ def build_report(
     preset: Preset,
     comparison: ComparisonSettings,
     out: Path,
+    sweep: Sequence[SweepPoint] = (),
+    shared_rate: float | None = None,
+    best: dict[tuple[str, str], float] | None = None,
 ) -> Report:
     """The whole report: the claims table and the verdict rule, setup, results table and verdicts, loss and gap
-    curves, the suite's sections, scaling fits."""
+    curves, the suite's sections, scaling fits. With a learning-rate ``sweep``, ``records`` hold every seed at the
+    ``shared_rate`` and at each arm's ``best``: the claims are judged at both, the learning-rate section follows the
+    results, and the sections after it read the runs at each arm's best rate."""
     scales = list(dict.fromkeys(r.scale for r in records))
     by = ("parameters" if comparison.sizes else "tokens") if len(scales) > 1 else None
     # Claims and verdicts read the largest scale: the model or budget closest to the paper's.
@@ -457,7 +468,15 @@ def build_report(
     names = " vs ".join(v.label for v in variants)
     report = Report(f"{names}: preset {preset.name}")
     report.paragraph(provenance_line(records))
-    claims_section(report, records, variants, largest, by)
+    every = records
+    if sweep:
+        shared, records = at_rates(every, shared_rate), at_rates(every, best)
+        claims_section(report, shared, variants, largest, by,
+                       heading=f"The paper's claims at the shared learning rate {shared_rate:g} (every arm alike)")  # fmt: skip
+        claims_section(report, records, variants, largest, by,
+                       heading="The paper's claims, each arm at its own best learning rate")  # fmt: skip
+    else:
+        claims_section(report, records, variants, largest, by)
     recipe = preset.training
     report.heading("Setup")
     report.paragraph(
@@ -488,29 +507,42 @@ def build_report(
         + "."
     )
     report.heading("Results")
-    header = ["variant", "scale", "parameters", "tokens", "tokens/s", "validation loss", "test loss",
-              "test perplexity"]  # fmt: skip
+    header = ["variant", "scale", *(["learning rate"] if sweep else []), "parameters", "tokens", "tokens/s",
+              "validation loss", "test loss", "test perplexity"]  # fmt: skip
     rows = []
     for scale in scales:
         for variant in variants:
-            runs = _runs(records, variant.spec(), scale)
-            rows.append(
-                [
-                    variant.label,
-                    scale,
-                    f"{runs[0].parameters:,}",
-                    f"{runs[0].tokens:,}",
-                    mean_spread([r.tokens_per_second for r in runs], 0),
-                    mean_spread([r.validation_loss for r in runs]),
-                    mean_spread([r.test_loss for r in runs]),
-                    mean_spread([math.exp(r.test_loss) for r in runs], 1),
-                ]
-            )
+            runs = _runs(every, variant.spec(), scale)
+            for rate in dict.fromkeys(r.learning_rate for r in runs):
+                at_rate = [r for r in runs if r.learning_rate == rate]
+                rows.append(
+                    [
+                        variant.label,
+                        scale,
+                        *(
+                            [
+                                f"{rate:g}"
+                                + (" (its best)" if best.get((scale, variant.spec())) == rate else "")
+                            ]
+                            if sweep
+                            else []
+                        ),  # fmt: skip
+                        f"{at_rate[0].parameters:,}",
+                        f"{at_rate[0].tokens:,}",
+                        mean_spread([r.tokens_per_second for r in at_rate], 0),
+                        mean_spread([r.validation_loss for r in at_rate]),
+                        mean_spread([r.test_loss for r in at_rate]),
+                        mean_spread([math.exp(r.test_loss) for r in at_rate], 1),
+                    ]
+                )
     report.table(header, rows)
     report.paragraph(
         "Values here and in every table below are mean ± sample standard deviation across seeds; the test "
         f"loss is over {min(comparison.test_blocks, data.test_blocks.shape[0])} held-out blocks."
     )
+    if sweep:
+        learning_rate_section(report, sweep, best, shared_rate, out)
+        report.paragraph("The sections below read every arm's runs at its own best learning rate.")
     report.paragraph(" ".join(verdict_sentences(records, variants, largest)))
     plot_curves(records, out / "loss_curves.png")
     report.image("loss_curves.png", "training and validation loss (and MQAR accuracy), all runs overlaid")

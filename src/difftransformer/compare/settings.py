@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from difftransformer.compare.resources import RunResources, parse_run_resources
 from difftransformer.compare.variants import Variant, parse_variants
 from difftransformer.errors import UsageError, check_seed
 from difftransformer.eval.needle import parse_needle_configs
@@ -40,6 +41,16 @@ class ComparisonSettings:
         lm_eval_tasks, lm_eval_include, lm_eval_limit, lm_eval_batch_size: lm-evaluation-harness tasks to run as
             well (None: none), a folder of local task files, documents per task (a count from 1 on, a share
             below), batch size.
+        learning_rates: rates every variant (at every scale) is swept over on the first seed, the best on
+            validation loss then trained with every seed (None: every run at the preset's rate).
+        sweep_steps: training steps of each sweep run (None: the full budget, so that the sweep's runs are the
+            first seed's runs).
+        sweep_early_stop: stop a sweep run whose validation loss falls behind the other rates of its variant
+            (ASHA, per variant and scale).
+        ray_address: the Ray cluster to run on (None: ``RAY_ADDRESS``, else a Ray started on this machine).
+        run_resources: one run's CPUs, GPUs and workers (None: fitted to the cluster, see
+            :func:`~difftransformer.compare.resources.default_resources`).
+        run_retries: how often a run whose worker died is started again from its last checkpoint.
     """
 
     _argument_group_name = "comparison"
@@ -119,12 +130,47 @@ class ComparisonSettings:
         None, "documents per harness task (a share below 1 takes that share; unset: all)"
     )
     lm_eval_batch_size: int = _option(8, "harness batch size")
+    learning_rates: tuple[float, ...] | None = _option(
+        None,
+        "learning rates to sweep every variant over (at every size), comma-separated, e.g. 1e-3,3e-3,1e-2: each "
+        "rate trains on the first seed, the rate with the lowest validation loss then trains every seed, and the "
+        "report judges the claims both at the shared rate (--learning-rate, the paper's protocol; swept too) and "
+        "at each variant's best",
+        metavar="RATES",
+    )
+    sweep_steps: int | None = _option(
+        None,
+        "training steps of each sweep run (default: the full budget, so that the sweep's runs are the first "
+        "seed's runs); the report says when the sweep was shorter",
+    )
+    sweep_early_stop: bool = _option(
+        False,
+        "stop sweep runs whose validation loss falls behind the other rates of their variant (ASHA, per variant "
+        "and size; the choice then depends on the order runs report in, so off by default)",
+    )
+    ray_address: str | None = _option(
+        None,
+        "the Ray cluster to run on, HOST:PORT of its head (as `ray start --head` prints it) or auto (default: "
+        "$RAY_ADDRESS, else a Ray started on this machine with its cores and GPUs)",
+        metavar="ADDRESS",
+    )
+    run_resources: RunResources | None = _option(
+        None,
+        "one run's share of the cluster, e.g. cpus=4,gpus=1 or gpus=4 (4 data-parallel workers); keys cpus, gpus, "
+        "workers (default: one GPU a run where there are GPUs, else the cores split between as many runs as fit)",
+        parse=parse_run_resources,
+        show=str,
+        metavar="cpus=N,gpus=N",
+    )
+    run_retries: int = _option(
+        3, "how often a run whose worker process died is started again, from its last checkpoint"
+    )
 
     def __post_init__(self) -> None:
         specs = [variant.spec() for variant in self.variants]
         if not specs or len(set(specs)) != len(specs):
             raise UsageError(f"`variants` must list distinct variants; got {', '.join(specs) or 'none'}")
-        for name in ("seeds", "sizes", "token_budgets", "lm_eval_tasks"):
+        for name in ("seeds", "sizes", "token_budgets", "lm_eval_tasks", "learning_rates"):
             values = getattr(self, name)
             if values is not None and not values:
                 raise UsageError(f"`{name}` must list at least one value; got none")
@@ -137,6 +183,19 @@ class ComparisonSettings:
             values = getattr(self, name) or ()
             if any(value < 1 for value in values) or len(set(values)) != len(values):
                 raise UsageError(f"`{name}` must be distinct positive integers; got {list(values)}")
+        if self.learning_rates is not None:
+            rates = self.learning_rates
+            if any(not 0 < rate < 1 for rate in rates) or len(set(rates)) != len(rates):
+                raise UsageError(
+                    f"`learning_rates` must be distinct rates in (0, 1); got {', '.join(map(str, rates))}"
+                )
+        for name in ("sweep_steps", "sweep_early_stop"):
+            if getattr(self, name) and self.learning_rates is None:
+                raise UsageError(f"`{name}` applies to `learning_rates`; give them, or leave `{name}` out")
+        if self.sweep_steps is not None and self.sweep_steps < 1:
+            raise UsageError(f"`sweep_steps` must be >= 1; got {self.sweep_steps}")
+        if self.run_retries < 0:
+            raise UsageError(f"`run_retries` must be >= 0; got {self.run_retries}")
         if self.sizes and self.token_budgets:
             raise UsageError("give `sizes` or `token_budgets`, not both")
         if self.needle_samples is not None and self.needle_samples < 1:
@@ -170,4 +229,5 @@ class ComparisonSettings:
         """The settings as JSON data (variants as their specs), as results.json records them."""
         values = dataclasses.asdict(self)
         values["variants"] = [variant.spec() for variant in self.variants]
+        values["run_resources"] = str(self.run_resources) if self.run_resources else None
         return values

@@ -16,8 +16,10 @@ import os
 import sys
 import tempfile
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +37,43 @@ _BATCH_CHARACTERS = 1 << 20  # documents are tokenised in batches of about this 
 _MAX_BATCH_DOCUMENTS = 4096
 
 Texts = Sequence[str] | Callable[[], Iterable[str]]
+
+
+@dataclass(frozen=True)
+class BlockFile:
+    """The cache file a tensor of :func:`packed_blocks` views: what another process (a worker of a comparison)
+    maps itself instead of receiving the blocks."""
+
+    path: str
+    shape: tuple[int, int]
+
+    def open(self) -> torch.Tensor:
+        """The blocks, memory-mapped from the file (copy-on-write); a UsageError when this machine lacks it."""
+        path = Path(self.path)
+        if not path.is_file() or path.stat().st_size != self.shape[0] * self.shape[1] * _DTYPE.itemsize:
+            raise UsageError(
+                f"the block cache {path} is missing here or holds other blocks: its folder must lie on storage "
+                "every node mounts (`cache_dir`)"
+            )
+        return _mapped(path, self.shape)
+
+
+# The file behind each tensor packed_blocks returned, by the tensor's id while it lives (tensors compare
+# elementwise, so they cannot be dictionary keys themselves).
+_FILES: dict[int, BlockFile] = {}
+
+
+def block_file(blocks: torch.Tensor) -> BlockFile | None:
+    """The cache file ``blocks`` (a tensor :func:`packed_blocks` returned) views, or None for any other tensor."""
+    return _FILES.get(id(blocks))
+
+
+def _mapped(path: Path, shape: tuple[int, int]) -> torch.Tensor:
+    # Copy-on-write: writable in memory (torch views it without a warning), the file never changes.
+    blocks = torch.from_numpy(np.memmap(path, dtype=_DTYPE, mode="c", shape=shape))
+    _FILES[id(blocks)] = BlockFile(str(path), tuple(shape))
+    weakref.finalize(blocks, _FILES.pop, id(blocks), None)
+    return blocks
 
 
 def packed_blocks(
@@ -67,13 +106,13 @@ def packed_blocks(
     stream = texts if callable(texts) else lambda: texts
     key = cache_key(stream(), tokenizer, block_size)
     folder = Path(cache_dir or default_cache()) / "blocks"
-    blocks = _read_cache(folder, key)
-    if blocks is None:
+    shape = _read_cache(folder, key)
+    if shape is None:
         _write_cache(folder, key, stream(), tokenizer, block_size, _num_proc(num_proc), desc)
-        blocks = _read_cache(folder, key)
-        if blocks is None:
+        shape = _read_cache(folder, key)
+        if shape is None:
             raise RuntimeError(f"block cache {folder / key}.bin failed its check right after being written")
-    return torch.from_numpy(blocks)
+    return _mapped(folder / f"{key}.bin", shape)
 
 
 def tokenize_documents(
@@ -195,7 +234,9 @@ def _parallel(batches: Iterator[list[str]], definition: str, eos: int, num_proc:
         pool.join()
 
 
-def _read_cache(folder: Path, key: str) -> np.ndarray | None:
+def _read_cache(folder: Path, key: str) -> tuple[int, int] | None:
+    """The shape of the cache entry ``key`` when its files pass their checks, else None (a warning when they exist
+    but fail)."""
     data_path, meta_path = folder / f"{key}.bin", folder / f"{key}.json"
     if not data_path.exists() and not meta_path.exists():
         return None
@@ -214,8 +255,7 @@ def _read_cache(folder: Path, key: str) -> np.ndarray | None:
             f"block cache {data_path} is corrupt or incomplete ({err}); rebuilding it", stacklevel=3
         )
         return None
-    # Copy-on-write: writable in memory (torch views it without a warning), the file never changes.
-    return np.memmap(data_path, dtype=dtype, mode="c", shape=shape)
+    return shape
 
 
 def _write_cache(

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from difftransformer.data import DataOptions, load_tokenizer, packed_blocks, train_tokenizer
+from difftransformer.data.blocks import BlockFile, block_file
 from difftransformer.data.needles import DEFAULT_NEEDLE, NeedleSpec
 from difftransformer.train.mixture import MixedBlocks, RecallMix
 from difftransformer.train.presets import Preset
@@ -34,6 +36,26 @@ class PreparedData:
     recall: RecallMix = RecallMix()
     needle: NeedleSpec = DEFAULT_NEEDLE
     seed: int = 0
+
+    _BLOCKS = ("train_blocks", "validation_blocks", "test_blocks")
+
+    def block_files(self) -> list[Path]:
+        """The cache files the blocks view (none for blocks made in memory)."""
+        return [Path(found.path) for name in self._BLOCKS if (found := block_file(getattr(self, name)))]
+
+    def __getstate__(self) -> dict:
+        """Pickled (for a comparison's workers): blocks that view a cache file travel as its name and are mapped
+        again on unpickling, blocks made in memory travel whole; the training dataset is made again."""
+        state = {key: value for key, value in self.__dict__.items() if key != "train_dataset"}
+        for name in self._BLOCKS:
+            state[name] = block_file(state[name]) or state[name]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        for name in self._BLOCKS:
+            if isinstance(state[name], BlockFile):
+                state[name] = state[name].open()
+        self.__dict__.update(state)
 
     @functools.cached_property
     def train_dataset(self) -> MixedBlocks:

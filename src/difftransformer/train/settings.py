@@ -25,6 +25,10 @@ from difftransformer.flags import integer_pairs
 from difftransformer.models import ATTENTION_KINDS
 
 
+# TrainingSettings fields that, left unset, are decided from the hardware of the machine a run trains on.
+HARDWARE_DEFAULTS = frozenset({"use_cpu", "bf16"})
+
+
 @dataclass
 class TrainingSettings(TrainingArguments):
     """``TrainingArguments`` with the defaults our runs need (see each field); ``bf16`` and ``use_cpu`` left unset

@@ -1,0 +1,90 @@
+"""compare's learning-rate section: each arm's validation loss against the learning rate, the rate it chose, and
+which runs the report reads at which rate."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from difftransformer.compare.document import Report
+from difftransformer.compare.records import RunRecord, SweepPoint
+from difftransformer.compare.variants import parse_variant
+from difftransformer.plotting import pyplot, save_figure
+
+RATES_PNG = "learning_rates.png"
+
+
+def at_rates(records: Sequence[RunRecord], rates: Mapping[tuple[str, str], float] | float) -> list[RunRecord]:
+    """The runs at one rate shared by every arm (a number), or at each arm's own (by (scale, variant spec))."""
+    if isinstance(rates, (int, float)):
+        return [r for r in records if r.learning_rate is None or r.learning_rate == rates]
+    return [r for r in records if rates.get((r.scale, r.variant)) == r.learning_rate]
+
+
+def learning_rate_section(
+    report: Report,
+    points: Sequence[SweepPoint],
+    best: Mapping[tuple[str, str], float],
+    shared_rate: float,
+    out: Path,
+) -> None:
+    """Each arm's validation loss against the learning rate (one line per arm, its chosen rate circled), and a
+    table of the sweep: the loss at every rate, where early stopping ended a run, the rate chosen."""
+    arms = list(dict.fromkeys((p.scale, p.variant) for p in points))
+    scales = {scale for scale, _ in arms}
+    plt = pyplot()
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for i, arm in enumerate(arms):
+        mine = sorted((p for p in points if (p.scale, p.variant) == arm), key=lambda p: p.learning_rate)
+        name = parse_variant(arm[1]).label + (f" {arm[0]}" if len(scales) > 1 else "")
+        finished = [p for p in mine if not p.stopped_early and not math.isnan(p.validation_loss)]
+        axis.plot([p.learning_rate for p in finished], [p.validation_loss for p in finished], "o-",
+                  color=f"C{i}", label=name)  # fmt: skip
+        stopped = [p for p in mine if p.stopped_early and not math.isnan(p.validation_loss)]
+        axis.plot(
+            [p.learning_rate for p in stopped], [p.validation_loss for p in stopped], "x", color=f"C{i}"
+        )
+        if arm in best:
+            chosen = next(p for p in finished if p.learning_rate == best[arm])
+            axis.plot([chosen.learning_rate], [chosen.validation_loss], "o", ms=12, mfc="none", color=f"C{i}")
+    axis.axvline(shared_rate, color="gray", lw=1, ls="--")
+    axis.set(xscale="log", xlabel="learning rate", ylabel="validation loss",
+             title="validation loss against learning rate (circled: each arm's choice; dashed: the shared rate)")  # fmt: skip
+    axis.grid(alpha=0.3, which="both")
+    axis.legend(fontsize=8)
+    save_figure(figure, out / RATES_PNG)
+
+    rates = sorted({p.learning_rate for p in points})
+    steps = sorted({p.steps for p in points})
+    stopped = [p for p in points if p.stopped_early]
+    report.heading("Learning rates")
+    report.paragraph(
+        f"Every arm (a variant{' at one size' if len(scales) > 1 else ''}) trained at each rate with seed "
+        f"{points[0].seed} for {', '.join(f'{s:,}' for s in steps)} steps"
+        + "; the rate with the lowest validation loss (never the test loss) is the arm's own, and every seed then "
+        f"trained at it and at the shared rate {shared_rate:g}. "
+        + (
+            f"Early stopping (ASHA within each arm) ended {len(stopped)} sweep run(s) before their last step "
+            "(marked x; their loss is where they stopped, and they are not candidates)."
+            if stopped
+            else "No sweep run was stopped early."
+        )
+    )
+    header = ["arm", *(f"lr {rate:g}" for rate in rates), "chosen"]
+    rows = []
+    for arm in arms:
+        mine = {p.learning_rate: p for p in points if (p.scale, p.variant) == arm}
+        cells = []
+        for rate in rates:
+            point = mine.get(rate)
+            if point is None:
+                cells.append("-")
+            elif point.stopped_early:
+                cells.append(f"{point.validation_loss:.3f} (stopped at step {point.step:,})")
+            else:
+                cells.append(f"{point.validation_loss:.3f}")
+        name = parse_variant(arm[1]).label + (f" {arm[0]}" if len(scales) > 1 else "")
+        rows.append([name, *cells, f"{best[arm]:g}" if arm in best else "-"])
+    report.table(header, rows)
+    report.image(RATES_PNG, "validation loss against learning rate, each arm")

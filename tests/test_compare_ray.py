@@ -1,0 +1,217 @@
+"""`compare` on Ray clusters started here: a grid fanned out over two nodes gives the numbers of the same grid run
+one run at a time, a worker killed mid-run is started again and ends with the uninterrupted run's weights, and a
+cluster that cannot serve the command is refused before any training.
+
+The clusters are Ray's test clusters (``ray.cluster_utils.Cluster``: several nodes on this machine), listening on
+the loopback address alone; each test stops the cluster it started and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from difftransformer.train.checkpoints import COMPLETE_MARKER
+from difftransformer.train.lock import LOCK_NAME
+from test_train_support import synthetic_texts
+
+# Ray resolves a loopback address to the machine's own network address unless told that clusters stay local.
+LOCAL = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+# Timings and where a run was trained differ between two runs of one grid; every other number must not.
+_UNSTABLE = {"tokens_per_second", "train_seconds", "seconds", "folder", "reused", "date", "cluster", "runs",
+             "ray_address", "output_dir"}  # fmt: skip
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    """One node of one CPU; the test may add a second (``cluster.add_node(**NODE)``)."""
+    for name, value in LOCAL.items():
+        monkeypatch.setenv(name, value)
+    from ray.cluster_utils import Cluster
+
+    started = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
+    try:
+        yield started
+    finally:
+        started.shutdown()
+
+
+NODE = {"num_cpus": 1, "node_ip_address": "127.0.0.1"}
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "train.txt"
+    path.write_text("\n\n".join(synthetic_texts(count=120)))
+    return path
+
+
+def compare_command(
+    text_file: Path,
+    out: Path,
+    address: str | None,
+    *extra: str,
+    variants: str = "diff,softmax",
+    seeds: str = "0,1",
+) -> list[str]:
+    """compare on the micro preset, with a learning-rate sweep and the cluster at ``address`` (None: its own)."""
+    return [
+        sys.executable, "-m", "difftransformer", "compare", "--preset", "micro", "--data", str(text_file),
+        "--vocab-size", "320", "--output-dir", str(out), "--variants", variants, "--seeds", seeds,
+        "--learning-rates", "1e-3,3e-3", "--tasks", "mqar", "--test-blocks", "4", "--report-to", "none",
+        "--max-steps", "30", "--save-steps", "10", "--eval-steps", "10", "--logging-steps", "5",
+        "--per-device-train-batch-size", "32", *(["--ray-address", address] if address else []), *extra,
+    ]  # fmt: skip
+
+
+def run_compare(command: list[str], **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, **LOCAL}, timeout=600, **kwargs
+    )
+
+
+def interrupt_compare(command: list[str], when, sig: int) -> subprocess.CompletedProcess:
+    """Start ``command``, send it ``sig`` once ``when()`` holds, and wait for it to end."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, **LOCAL})  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not when() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if process.poll() is not None:
+        raise AssertionError(
+            f"compare ended before it could be interrupted: {process.communicate()[1][-3000:]}"
+        )
+    process.send_signal(sig)
+    out, err = process.communicate(timeout=120)
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
+
+
+def ray_processes() -> set[int]:
+    """Pids of the Ray processes on this machine."""
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if b"ray/" in command or command.startswith(b"ray::"):
+            found.add(int(pid))
+    return found
+
+
+def stable(value):
+    """``value`` (results.json's data) without what differs between two runs of one grid."""
+    if isinstance(value, dict):
+        return {key: stable(item) for key, item in value.items() if key not in _UNSTABLE}
+    if isinstance(value, list):
+        return [stable(item) for item in value]
+    return value
+
+
+def nodes_of(folder: Path) -> list[str]:
+    """The Ray nodes that ran the run in ``folder``, one per attempt (run.log's headers)."""
+    return re.findall(r"on Ray node (\w+) ---", (folder / "run.log").read_text())
+
+
+def kill_when_saved(folder: Path, step: int, killed: list[int]) -> None:
+    """SIGKILL the process training ``folder`` once its checkpoint ``step`` is finished (its pid from the lock)."""
+    marker = folder / f"checkpoint-{step}" / COMPLETE_MARKER
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if marker.is_file() and (folder / LOCK_NAME).is_file():
+            pid = int((folder / LOCK_NAME).read_text())
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+            return
+        time.sleep(0.02)
+
+
+def test_a_grid_on_two_nodes_gives_the_numbers_of_one_run_at_a_time(cluster, text_file, tmp_path):
+    # One run at a time (one node of one core), the driver killed after the first run and during the second;
+    # the same command again reuses the first and resumes the second.
+    command = compare_command(text_file, tmp_path / "one", cluster.address)
+    first, second = (
+        tmp_path / "one" / "runs" / name for name in ("micro-diff-lr0.001-seed0", "micro-diff-lr0.003-seed0")
+    )
+    killed = interrupt_compare(
+        command, lambda: (second / "checkpoint-10" / COMPLETE_MARKER).is_file(), signal.SIGKILL
+    )
+    assert killed.returncode == -signal.SIGKILL
+    finished = (first / "train_summary.json").stat().st_mtime_ns
+    assert not (second / "train_summary.json").exists()
+    one_at_a_time = run_compare(command)
+    assert one_at_a_time.returncode == 0, one_at_a_time.stderr[-3000:]
+    assert (first / "train_summary.json").stat().st_mtime_ns == finished
+    assert "resuming from" in (second / "run.log").read_text()
+
+    cluster.add_node(**NODE)
+    fanned = tmp_path / "fanned"
+    victim = fanned / "runs" / "micro-diff-lr0.001-seed0"
+    killed: list[int] = []
+    killer = threading.Thread(target=kill_when_saved, args=(victim, 10, killed))
+    killer.start()
+    both = run_compare(compare_command(text_file, fanned, cluster.address))
+    killer.join()
+    assert both.returncode == 0, both.stderr[-3000:]
+
+    first = json.loads((tmp_path / "one" / "results.json").read_text())
+    second = json.loads((fanned / "results.json").read_text())
+    assert stable(second) == stable(first)
+    # The sweep and the seeds at the chosen rates: 2 variants x 2 rates on seed 0, then seed 1.
+    assert len(second["learning_rates"]["sweep"]) == 4 and len(second["runs"]) >= 4
+    runs = sorted(path for path in (fanned / "runs").iterdir())
+    assert len({node for run in runs for node in nodes_of(run)}) == 2, "every run landed on one node"
+    # The killed worker was started again from its checkpoint and ended with the uninterrupted run's weights.
+    assert killed, "the run finished before its worker could be killed"
+    assert len(nodes_of(victim)) == 2 and "resuming from" in (victim / "run.log").read_text()
+    for folder in runs:
+        ours = load_file(folder / "model.safetensors")
+        theirs = load_file(tmp_path / "one" / "runs" / folder.name / "model.safetensors")
+        assert ours.keys() == theirs.keys()
+        assert all((ours[name] == theirs[name]).all() for name in ours), folder.name
+    assert (fanned / "report.md").is_file() and "Learning rates" in (fanned / "report.md").read_text()
+
+
+def test_ctrl_c_stops_the_grid_in_one_line_and_the_ray_it_started(text_file, tmp_path, monkeypatch):
+    for name, value in LOCAL.items():
+        monkeypatch.setenv(name, value)
+    before = ray_processes()
+    out = tmp_path / "out"
+    command = compare_command(text_file, out, None, variants="softmax", seeds="0")
+    stopped = interrupt_compare(command, lambda: any(out.glob("runs/*/checkpoint-10")), signal.SIGINT)
+    assert stopped.returncode == 130
+    lines = [line for line in stopped.stderr.replace("\r", "\n").splitlines() if line.strip()]
+    assert lines[-1] == (
+        "difftransformer compare: interrupted; the same command continues it (finished runs are reused, a killed "
+        "one resumes)"
+    )
+    assert not [line for line in lines if "Traceback" in line]
+    deadline = time.monotonic() + 30
+    while ray_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not ray_processes() - before, "the Ray compare started outlived it"
+
+
+def test_a_cluster_that_cannot_serve_the_command_is_refused_before_training(cluster, text_file, tmp_path):
+    out = tmp_path / "out"
+    too_big = run_compare(compare_command(text_file, out, cluster.address, "--run-resources", "cpus=2"))
+    assert too_big.returncode == 2
+    assert (
+        too_big.stderr.strip().splitlines()[-1].startswith("difftransformer compare: error: --run-resources")
+    )
+    gpus = run_compare(compare_command(text_file, out, cluster.address, "--run-resources", "gpus=1"))
+    assert gpus.returncode == 2 and "cannot hold one run" in gpus.stderr
+    nobody = run_compare(compare_command(text_file, out, "127.0.0.1:9"))
+    assert nobody.returncode == 2
+    assert "--ray-address 127.0.0.1:9: no Ray cluster answers there" in nobody.stderr.strip().splitlines()[-1]
+    assert not (out / "runs").exists() or not any((out / "runs").iterdir())
