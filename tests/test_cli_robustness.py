@@ -47,7 +47,7 @@ class Reached(Exception):
 WORK = {
     "prepare": ["difftransformer.data.options.DataOptions.open_corpus"],
     "train": ["difftransformer.train.cli.prepare_preset_data", "difftransformer.train.cli.initial_model"],
-    "compare": ["difftransformer.compare.cli.prepare_preset_data"],
+    "compare": ["difftransformer.compare.cli.connect"],
     "plan": ["difftransformer.train.plan_cli.make_plan"],
     "generate": ["difftransformer.generate_cli.load_model"],
     "eval": ["difftransformer.eval.common.load_model_and_tokenizer"],
@@ -358,10 +358,11 @@ def earlier_comparison(argv: list[str], *, recorded: bool = True) -> None:
     parser = cli.build_parser("compare")
     args = parser.parse_args(argv)
     data = compare_cli.data_options(args, None)
-    for run in plan_comparison(resolved_preset(args), compare_cli.comparison_settings(args),
-                               {k: v for k, v in training_options(args).items() if k != "output_dir"}, data):  # fmt: skip
+    plan = plan_comparison(resolved_preset(args), compare_cli.comparison_settings(args),
+                           {k: v for k, v in training_options(args).items() if k != "output_dir"}, data)  # fmt: skip
+    for run in plan.all_runs():
         if recorded:
-            record_provenance(run.folder, preset=run.preset, training=run.training, data=data,
+            record_provenance(run.folder, preset=run.preset, training=run.training_settings(), data=data,
                               attention=run.variant.spec(), init_from=None)  # fmt: skip
         run.folder.mkdir(parents=True, exist_ok=True)
         (run.folder / "train_summary.json").write_text("{}")

@@ -51,11 +51,11 @@ def requested_address(address: str | None) -> str | None:
     return address or os.environ.get("RAY_ADDRESS") or None
 
 
-def _check_address(address: str) -> None:
-    """Refuse an address of the wrong form, or HOST:PORT where nothing answers within a few seconds (Ray's own
-    connection attempt would retry for minutes)."""
+def check_address(address: str) -> tuple[str, int] | None:
+    """(host, port) of a cluster address HOST:PORT, None for auto (Ray finds the cluster started on this machine
+    with `ray start`); a UsageError for any other form."""
     if address == "auto":
-        return
+        return None
     if "://" in address:
         raise UsageError(
             f"`ray_address` must be HOST:PORT of the cluster's head (as `ray start --head` prints it) or auto; got "
@@ -64,8 +64,17 @@ def _check_address(address: str) -> None:
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise UsageError(f"`ray_address` must be HOST:PORT (e.g. 10.0.0.1:6379) or auto; got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+def _check_reachable(address: str) -> None:
+    """Refuse an address of the wrong form, or HOST:PORT where nothing answers within a few seconds (Ray's own
+    connection attempt would retry for minutes)."""
+    endpoint = check_address(address)
+    if endpoint is None:
+        return
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=_CONNECT_TIMEOUT):
+        with socket.create_connection(endpoint, timeout=_CONNECT_TIMEOUT):
             pass
     except OSError as error:
         raise UsageError(
@@ -112,7 +121,7 @@ def connect(address: str | None) -> Iterator[Cluster]:
 
     address = requested_address(address)
     if address is not None:
-        _check_address(address)
+        _check_reachable(address)
     options = dict(
         log_to_driver=False,
         logging_level=logging.ERROR,

@@ -105,7 +105,9 @@ def run_grid(grid: Grid) -> None:
             time_attr="step",
             metric=EVAL_LOSS,
             mode="min",
-            max_t=longest,
+            # Rungs at a quarter and half of the run: never at its last step, whose report would stop a finished
+            # run before it writes its summary.
+            max_t=max(2, longest - 1),
             grace_period=max(1, longest // 4),
             reduction_factor=2,
             stop_last_trials=False,

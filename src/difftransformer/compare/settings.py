@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from difftransformer.compare.cluster import check_address
 from difftransformer.compare.resources import RunResources, parse_run_resources
 from difftransformer.compare.variants import Variant, parse_variants
 from difftransformer.errors import UsageError, check_seed
@@ -194,6 +195,8 @@ class ComparisonSettings:
                 raise UsageError(f"`{name}` applies to `learning_rates`; give them, or leave `{name}` out")
         if self.sweep_steps is not None and self.sweep_steps < 1:
             raise UsageError(f"`sweep_steps` must be >= 1; got {self.sweep_steps}")
+        if self.ray_address is not None:
+            check_address(self.ray_address)
         if self.run_retries < 0:
             raise UsageError(f"`run_retries` must be >= 0; got {self.run_retries}")
         if self.sizes and self.token_budgets:

@@ -1,0 +1,158 @@
+"""What compare plans before Ray runs anything: the learning-rate sweep and the runs at the chosen rates, each run's
+resources on a cluster, early stopping within an arm, and the prepared data as it travels to a worker."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import pickle
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from ray.tune.schedulers import TrialScheduler
+
+from difftransformer.compare import cli as compare_cli
+from difftransformer.compare.cluster import check_address, check_fits
+from difftransformer.compare.document import Report
+from difftransformer.compare.rates import RATES_PNG, at_rates, learning_rate_section
+from difftransformer.compare.records import RunRecord, SweepPoint
+from difftransformer.compare.resources import RunResources, default_resources, parse_run_resources
+from difftransformer.compare.runs import best_rates, plan_comparison
+from difftransformer.compare.schedulers import PerArmASHA
+from difftransformer.data.blocks import BlockFile, _mapped, block_file
+from difftransformer.errors import UsageError
+from difftransformer.train.cli import resolved_preset, training_options
+from difftransformer.train.pipeline import PreparedData
+
+
+def plan(tmp_path, *flags: str):
+    parser = argparse.ArgumentParser()
+    compare_cli.configure(parser)
+    args = parser.parse_args(
+        ["--preset", "micro", "--output-dir", str(tmp_path), "--report-to", "none", *flags]
+    )
+    training = {k: v for k, v in training_options(args).items() if k != "output_dir"}
+    return plan_comparison(resolved_preset(args), compare_cli.comparison_settings(args), training)
+
+
+def test_a_sweep_trains_every_rate_on_the_first_seed_then_every_seed_at_the_best_and_the_shared_rate(
+    tmp_path,
+):
+    swept = plan(tmp_path, "--seeds", "3,4", "--learning-rates", "1e-3,1e-2")
+    assert swept.shared_rate == 3e-3  # the micro preset's; it joins the sweep
+    assert [(r.variant.spec(), r.learning_rate, r.seed, r.evaluate) for r in swept.sweep] == [
+        (v, rate, 3, False) for v in ("diff", "softmax") for rate in (1e-3, 1e-2, 3e-3)
+    ]
+    assert swept.sweep[0].folder.name == "micro-diff-lr0.001-seed3"
+    final = swept.final({("micro", "diff"): 1e-2, ("micro", "softmax"): 3e-3})
+    assert [(r.variant.spec(), r.learning_rate, r.seed) for r in final] == [
+        ("diff", 3e-3, 3), ("diff", 1e-2, 3), ("softmax", 3e-3, 3),
+        ("diff", 3e-3, 4), ("diff", 1e-2, 4), ("softmax", 3e-3, 4),
+    ]  # fmt: skip
+    assert all(r.evaluate for r in final)
+    # The first seed's runs of the sweep are the final runs of that seed: the same folders.
+    assert {r.folder for r in swept.sweep} >= {r.folder for r in final if r.seed == 3}
+    shorter = plan(tmp_path, "--seeds", "3,4", "--learning-rates", "1e-3,3e-3", "--sweep-steps", "4")
+    assert shorter.sweep[0].folder.name == "micro-diff-lr0.001-4steps-seed3"
+    assert {r.max_steps for r in shorter.sweep} == {4} and shorter.sweep[0].preset.training.warmup_steps == 1
+    assert all(r.max_steps == 6 for r in shorter.final())
+    plain = plan(tmp_path)
+    assert not plain.sweep and [r.folder.name for r in plain.final()] == [
+        "micro-diff-seed0",
+        "micro-softmax-seed0",
+    ]
+
+
+def test_the_best_rate_is_the_lowest_validation_loss_of_the_runs_that_finished():
+    def point(variant, rate, loss, stopped=False):
+        return SweepPoint(variant, "s", rate, 0, 10, 5 if stopped else 10, loss, stopped)
+
+    points = [point("diff", 1e-3, 3.0), point("diff", 3e-3, 2.5), point("diff", 1e-2, 2.0, stopped=True),
+              point("softmax", 1e-3, 2.2), point("softmax", 3e-3, 2.2), point("softmax", 1e-2, math.nan)]  # fmt: skip
+    assert best_rates(points) == {("s", "diff"): 3e-3, ("s", "softmax"): 1e-3}
+
+
+def test_the_learning_rate_section_tables_every_rate_and_marks_the_stopped(tmp_path):
+    points = [SweepPoint("diff", "s", 1e-3, 0, 10, 10, 3.0, False), SweepPoint("diff", "s", 1e-2, 0, 10, 3, 4.5, True),
+              SweepPoint("softmax", "s", 1e-3, 0, 10, 10, 2.9, False)]  # fmt: skip
+    report = Report("r")
+    learning_rate_section(report, points, {("s", "diff"): 1e-3, ("s", "softmax"): 1e-3}, 1e-3, tmp_path)
+    text = report.markdown()
+    assert "| DIFF | 3.000 | 4.500 (stopped at step 3) | 0.001 |" in text
+    assert "| Transformer | 2.900 | - | 0.001 |" in text and "ended 1 sweep run(s)" in text
+    assert (tmp_path / RATES_PNG).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_runs_at_one_rate_or_at_each_arms_own():
+    def record(variant, rate):
+        return RunRecord(variant, 0, "s", None, 1, 1, 1.0, 1.0, 1.0, 1.0, {}, learning_rate=rate)
+
+    records = [record("diff", 1e-3), record("diff", 3e-3), record("softmax", 3e-3)]
+    assert at_rates(records, 3e-3) == records[1:]
+    assert at_rates(records, {("s", "diff"): 1e-3, ("s", "softmax"): 3e-3}) == [records[0], records[2]]
+
+
+def test_run_resources_parse_and_fit_the_cluster():
+    assert parse_run_resources("cpus=4,gpus=2") == RunResources(cpus=4, gpus=2, workers=2)
+    assert parse_run_resources("gpus=1") == RunResources(cpus=1, gpus=1, workers=1)
+    for bad, said in (("cpus=0", "cpus must be an integer >= 1"), ("gpus=two", "gpus must be an integer"),
+                      ("cores=2", "KEY one of cpus, gpus, workers"), ("cpus=3,workers=2", "multiple of workers"),
+                      ("cpus=1,cpus=2", "given twice")):  # fmt: skip
+        with pytest.raises(UsageError, match=said):
+            parse_run_resources(bad)
+    two_cores = [{"CPU": 2.0}]
+    assert default_resources(two_cores, runs=8) == RunResources(cpus=1)
+    assert default_resources(two_cores, runs=1) == RunResources(cpus=2)
+    assert default_resources([{"CPU": 16.0}], runs=4) == RunResources(cpus=4)
+    assert default_resources([{"CPU": 16.0, "GPU": 4.0}], runs=20) == RunResources(cpus=4, gpus=1)
+    nodes = [{"CPU": 1.0}, {"CPU": 1.0}]
+    check_fits(RunResources(cpus=1), nodes, None)
+    check_fits(RunResources(cpus=2, workers=2), nodes, None)  # one worker a node
+    with pytest.raises(UsageError, match="cannot hold one run"):
+        check_fits(RunResources(cpus=2), nodes, "h:1")
+    with pytest.raises(UsageError, match=r"its nodes hold 1 CPUs and 0 GPUs, 1 CPUs and 0 GPUs"):
+        check_fits(RunResources(cpus=1, gpus=1), nodes, "h:1")
+
+
+def test_cluster_addresses_are_host_port_or_auto():
+    assert check_address("10.0.0.1:6379") == ("10.0.0.1", 6379) and check_address("auto") is None
+    for bad in ("one", "10.0.0.1", "h:0", "h:70000", "ray://h:10001", ":6379"):
+        with pytest.raises(UsageError, match="`ray_address`"):
+            check_address(bad)
+
+
+def test_early_stopping_compares_a_run_only_with_its_own_arm():
+    scheduler = PerArmASHA(
+        arm=lambda trial: trial.config["arm"], time_attr="step", metric="eval_loss", mode="min", max_t=9,
+        grace_period=2, reduction_factor=2, stop_last_trials=False,
+    )  # fmt: skip
+    trials = [SimpleNamespace(trial_id=str(i), config={"arm": arm}) for i, arm in enumerate("AABB")]
+    for trial in trials:
+        scheduler.on_trial_add(None, trial)
+
+    def result(trial, loss):
+        return scheduler.on_trial_result(None, trial, {"step": 2, "eval_loss": loss})
+
+    assert result(trials[0], 1.0) == TrialScheduler.CONTINUE
+    assert result(trials[2], 5.0) == TrialScheduler.CONTINUE  # far behind arm A, first in its own
+    assert result(trials[1], 2.0) == TrialScheduler.STOP  # behind A's first run
+    assert result(trials[3], 4.0) == TrialScheduler.CONTINUE  # ahead of B's first run
+
+
+def test_prepared_data_travels_with_its_cache_files_named_not_copied(tmp_path):
+    path = tmp_path / "blocks.bin"
+    np.arange(64 * 1024, dtype="<i8").tofile(path)
+    mapped = _mapped(path, (1024, 64))
+    assert block_file(mapped) == BlockFile(str(path), (1024, 64)) and block_file(mapped[:2]) is None
+    data = PreparedData(tokenizer=None, train_blocks=mapped, validation_blocks=mapped,
+                        test_blocks=torch.arange(128).view(2, 64), test_texts=["x"], corpus_name="c")  # fmt: skip
+    payload = pickle.dumps(data)
+    assert len(payload) < mapped.numel() * 8 / 100  # the 512 KiB of blocks travel as a name
+    again = pickle.loads(payload)
+    assert torch.equal(again.train_blocks, mapped) and torch.equal(again.test_blocks, data.test_blocks)
+    assert again.block_files() == [path, path]
+    path.unlink()
+    with pytest.raises(UsageError, match="is missing here"):
+        pickle.loads(payload)
