@@ -469,12 +469,16 @@ def build_report(
     report = Report(f"{names}: preset {preset.name}")
     report.paragraph(provenance_line(records))
     every = records
-    if sweep:
+    if sweep and any(rate != shared_rate for rate in best.values()):
         shared, records = at_rates(every, shared_rate), at_rates(every, best)
         claims_section(report, shared, variants, largest, by,
                        heading=f"The paper's claims at the shared learning rate {shared_rate:g} (every arm alike)")  # fmt: skip
         claims_section(report, records, variants, largest, by,
                        heading="The paper's claims, each arm at its own best learning rate")  # fmt: skip
+    elif sweep:
+        records = at_rates(every, shared_rate)
+        claims_section(report, records, variants, largest, by,
+                       heading=f"The paper's claims at the shared learning rate {shared_rate:g}, every arm's best")  # fmt: skip
     else:
         claims_section(report, records, variants, largest, by)
     recipe = preset.training
