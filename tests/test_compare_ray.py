@@ -190,6 +190,7 @@ def test_ctrl_c_stops_the_grid_in_one_line_and_the_ray_it_started(text_file, tmp
     command = compare_command(text_file, out, None, variants="softmax", seeds="0")
     stopped = interrupt_compare(command, lambda: any(out.glob("runs/*/checkpoint-10")), signal.SIGINT)
     assert stopped.returncode == 130
+    assert re.search(r"compare: Ray's dashboard at http://127\.0\.0\.1:\d+ ", stopped.stdout), stopped.stdout
     lines = [line for line in stopped.stderr.replace("\r", "\n").splitlines() if line.strip()]
     assert lines[-1] == (
         "difftransformer compare: interrupted; the same command continues it (finished runs are reused, a killed "

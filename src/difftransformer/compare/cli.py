@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         resources = cluster.resources_for(comparison.run_resources, len(plan.final()))
         print(f"compare: {cluster.describe()}; each run holds {resources}")
         if cluster.dashboard_url:
-            print(f"compare: Ray's dashboard at {cluster.dashboard_url}")
+            print(f"compare: Ray's dashboard at {cluster.dashboard_url} (its token: `ray get-auth-token`)")
         if data.data is not None and (note := recall_note(preset)):
             print(note)
         prepared = prepare_preset_data(preset, data, training["seed"])
