@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.checkpoints import COMPLETE_MARKER
 from difftransformer.train.lock import LOCK_NAME
+from difftransformer.train.runner import METRICS_CSV
 from test_train_support import synthetic_texts
 
 # Ray resolves a loopback address to the machine's own network address unless told that clusters stay local.
@@ -216,3 +218,27 @@ def test_a_cluster_that_cannot_serve_the_command_is_refused_before_training(clus
     assert nobody.returncode == 2
     assert "--ray-address 127.0.0.1:9: no Ray cluster answers there" in nobody.stderr.strip().splitlines()[-1]
     assert not (out / "runs").exists() or not any((out / "runs").iterdir())
+
+
+@pytest.mark.slow
+def test_a_run_of_two_workers_trains_as_one_process_with_their_whole_batch(text_file, tmp_path, monkeypatch):
+    """Ray Train's two CPU workers (DDP over gloo) log the losses of one process with twice the per-device batch,
+    as two torchrun processes do (tests/test_train_ddp.py)."""
+    for name, value in LOCAL.items():
+        monkeypatch.setenv(name, value)
+    runs = {}
+    for name, resources, batch in (("two", "cpus=2,workers=2", "4"), ("one", "cpus=1", "8")):
+        command = [
+            sys.executable, "-m", "difftransformer", "compare", "--preset", "micro", "--data", str(text_file),
+            "--vocab-size", "320", "--output-dir", str(tmp_path / name), "--variants", "diff", "--tasks", "mqar",
+            "--test-blocks", "4", "--report-to", "none", "--max-steps", "4", "--logging-steps", "1",
+            "--eval-steps", "4", "--per-device-train-batch-size", batch, "--run-resources", resources,
+        ]  # fmt: skip
+        done = run_compare(command)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[name] = read_metrics(tmp_path / name / "runs" / "micro-diff-seed0" / METRICS_CSV)
+        assert json.loads((tmp_path / name / "results.json").read_text())["runs"][0]["tokens"] == 4 * 8 * 256
+    assert column(runs["two"], "loss")[0] == column(runs["one"], "loss")[0] == [1, 2, 3, 4]
+    assert column(runs["two"], "loss")[1] == pytest.approx(column(runs["one"], "loss")[1], abs=1e-5)
+    assert column(runs["two"], "eval_loss")[1] == pytest.approx(column(runs["one"], "eval_loss")[1], abs=1e-5)
+    assert list((tmp_path / "two" / "runs" / "micro-diff-seed0").glob("run.rank.*.log"))
