@@ -196,6 +196,9 @@ def test_plan_command_prints_counts_and_memory(capsys):
         (["--gradient_accumulation_steps", "0"], "--gradient-accumulation-steps must be >= 1; got 0"),
         (["--bf16", "true", "--fp16", "true"], "At most one of fp16 and bf16"),
         (["--world-size", "0"], "--world-size must be a positive integer; got 0"),
+        (["--time-steps", "-1"], "--time-steps must be >= 0; got -1"),
+        (["--threads", "0"], "--threads must be >= 1; got 0"),
+        (["--time-steps", "2", "--world-size", "2"], "--time-steps times one process"),
     ],
 )
 def test_plan_command_refuses_bad_input(flags, message, capsys):
@@ -210,3 +213,14 @@ def test_plan_says_which_optimizer_it_does_not_model(capsys):
     assert "--optim adafactor is not modelled" in capsys.readouterr().out
     assert main(["plan", "--preset", "micro", "--optim", "adamw_torch_fused"]) == 0
     assert "not modelled" not in capsys.readouterr().out
+
+
+def test_plan_times_each_models_steps_on_this_machine(capsys):
+    assert main(["plan", "--preset", "micro", "--time-steps", "2", "--threads", "1", "--max-steps", "6000"]) == 0
+    out = capsys.readouterr().out
+    assert "training time of one run on this machine (6,000 steps, 1 threads, timed over 2 steps" in out
+    lines = out.split("training time of one run")[1].splitlines()[1:4]
+    for line, name in zip(lines, ("DIFF", "baseline", "DIFF V2")):
+        name_, minutes, unit, seconds = line.split()[:4]
+        assert name_ == name.split()[0] and unit == "min" and float(minutes) > 0, line
+        assert float(seconds.strip("(")) * 6000 / 60 == pytest.approx(float(minutes), abs=0.06)

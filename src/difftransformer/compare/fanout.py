@@ -163,7 +163,11 @@ def _quiet_tune() -> Iterator[None]:
     """Tune's own console output off (the grid has its one progress line), none of its per-trial result loggers
     (the runs' folders hold their metrics), and Ctrl-C left to Python: it interrupts the grid at once (the runs
     keep their checkpoints) instead of asking Tune to wind the experiment down."""
-    quiet = {"RAY_AIR_NEW_OUTPUT": "0", "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", "TUNE_DISABLE_SIGINT_HANDLER": "1"}
+    quiet = {
+        "RAY_AIR_NEW_OUTPUT": "0",
+        "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
+        "TUNE_DISABLE_SIGINT_HANDLER": "1",
+    }
     saved = {name: os.environ.get(name) for name in quiet}
     os.environ.update(quiet)
     try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -69,6 +70,65 @@ class ParallelSetup:
     def compute_bytes(self) -> int:
         """Bytes of one element of the compute copy of a weight (bfloat16 under --bf16)."""
         return BFLOAT16_BYTES if self.bf16 else FLOAT32_BYTES
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """``plan --time-steps N``: training steps of each kind timed on this machine, from which a run's training time
+    is estimated (its evaluations, data preparation and start-up are not in it)."""
+
+    _argument_group_name = "timing"
+
+    time_steps: int = field(
+        default=0,
+        metadata={"help": "time this many training steps of each model on this machine, after one warm-up step, and "
+                  "estimate a run's training time from them (default 0: no timing)"},
+    )  # fmt: skip
+    threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "torch threads of the timed steps: a run's cores (default: torch's, the machine's)"
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.time_steps < 0:
+            raise UsageError(f"`time_steps` must be >= 0; got {self.time_steps}")
+        if self.threads is not None and self.threads < 1:
+            raise UsageError(f"`threads` must be >= 1; got {self.threads}")
+
+
+def step_seconds(
+    config: DiffTransformerConfig, batch: int, block_size: int, steps: int, threads: int | None
+) -> float:
+    """Seconds of one training step (forward, backward and AdamW on a micro-batch of ``batch`` random rows of
+    ``block_size`` ids), the mean of ``steps`` after one warm-up step, with ``threads`` torch threads."""
+    from difftransformer.ops import fused_cpu_available
+
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        if config.attention == "diff":
+            fused_cpu_available()  # compiled (first use only) before the clock starts, as train does
+        model = DiffTransformerForCausalLM(config).train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        ids = torch.randint(
+            0, config.vocab_size, (batch, block_size), generator=torch.Generator().manual_seed(0)
+        )
+
+        def step() -> None:
+            model(input_ids=ids, labels=ids).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+        step()
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        return (time.perf_counter() - start) / steps
+    finally:
+        torch.set_num_threads(previous)
 
 
 @dataclass(frozen=True)
@@ -274,6 +334,7 @@ class KindPlan:
     rates: ActivationRates
     ddp: MemoryEstimate
     fsdp: MemoryEstimate
+    seconds_per_step: float | None = None
 
 
 @dataclass(frozen=True)
@@ -285,10 +346,17 @@ class Plan:
     tokens_per_device: int
     tokens_per_step: int
     kinds: tuple[KindPlan, ...]
+    timing: StepTiming = StepTiming()
 
 
-def make_plan(preset: Preset, setup: ParallelSetup, kinds: tuple[str, ...] = PLANNED_KINDS) -> Plan:
-    """The plan of a run of ``preset`` (with its training settings) on ``setup``."""
+def make_plan(
+    preset: Preset,
+    setup: ParallelSetup,
+    kinds: tuple[str, ...] = PLANNED_KINDS,
+    timing: StepTiming = StepTiming(),
+) -> Plan:
+    """The plan of a run of ``preset`` (with its training settings) on ``setup``; with ``timing.time_steps``, each
+    kind's training step timed on this machine at the preset's micro-batch and block size."""
     batch = preset.training.per_device_train_batch_size
     tokens_per_device = preset.block_size * batch
     plans = []
@@ -305,6 +373,11 @@ def make_plan(preset: Preset, setup: ParallelSetup, kinds: tuple[str, ...] = PLA
                 rates=rates,
                 ddp=ddp_memory(counts, rates, setup, layers, tokens_per_device),
                 fsdp=fsdp_memory(counts, rates, setup, layers, tokens_per_device),
+                seconds_per_step=step_seconds(
+                    config, batch, preset.block_size, timing.time_steps, timing.threads
+                )
+                if timing.time_steps
+                else None,
             )
         )
     return Plan(
@@ -318,4 +391,5 @@ def make_plan(preset: Preset, setup: ParallelSetup, kinds: tuple[str, ...] = PLA
             world_size=setup.world_size,
         ),
         kinds=tuple(plans),
+        timing=timing,
     )

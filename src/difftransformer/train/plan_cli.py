@@ -12,9 +12,10 @@ import argparse
 
 from transformers.trainer_utils import FSDPOption
 
+from difftransformer.errors import UsageError
 from difftransformer.flags import add_flags, given
 from difftransformer.train.cli import checked_training_settings, resolved_preset, training_options
-from difftransformer.train.plan import GIB, ParallelSetup, Plan, make_plan
+from difftransformer.train.plan import GIB, ParallelSetup, Plan, StepTiming, make_plan
 from difftransformer.train.presets import PRESETS, RECIPE
 from difftransformer.train.settings import PresetOptions, TrainingSettings
 
@@ -58,6 +59,17 @@ def format_plan(plan: Plan) -> str:
         lines.append(
             "  (train turns --bf16 on by itself on a GPU that supports it: add --bf16 to plan for that)"
         )
+    timed = [k for k in plan.kinds if k.seconds_per_step is not None]
+    if timed:
+        steps = preset.training.max_steps
+        threads = plan.timing.threads or "torch's default"
+        lines += ["", f"training time of one run on this machine ({steps:,} steps, {threads} threads, timed over "
+                  f"{plan.timing.time_steps} steps; evaluation and start-up not included):"]  # fmt: skip
+        for kind in timed:
+            minutes = kind.seconds_per_step * steps / 60
+            lines.append(
+                f"  {KIND_NAMES[kind.kind]:<9} {minutes:>10.1f} min  ({kind.seconds_per_step:.3f} s a step)"
+            )
     if setup.world_size > 1 and accumulation % setup.world_size == 0:
         lines.append(
             f"batch flags are per process: --gradient-accumulation-steps {accumulation // setup.world_size} keeps "
@@ -74,6 +86,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """``plan``'s options: the world size, then ``train``'s preset and training options (output dir excepted)."""
     parser.epilog = "presets: " + ", ".join(PRESETS)
     add_flags(parser, ParallelSetup, exclude=FROM_TRAINING, only_given=True)
+    add_flags(parser, StepTiming)
     add_flags(parser, PresetOptions)
     add_flags(parser, TrainingSettings, preset_fields=frozenset(RECIPE), exclude=frozenset({"output_dir"}))
 
@@ -102,7 +115,10 @@ def run(args: argparse.Namespace) -> int:
     preset = resolved_preset(args)
     # The run's TrainingArguments, built to check them as train would; "plan" is a placeholder folder, never made.
     checked_training_settings(preset, output_dir="plan", **training_options(args))
-    print(format_plan(make_plan(preset, parallel_setup(args))))
+    timing = StepTiming(**given(vars(args), StepTiming))
+    if timing.time_steps and parallel_setup(args).world_size > 1:
+        raise UsageError("`time_steps` times one process; leave `world_size` at 1 to time steps")
+    print(format_plan(make_plan(preset, parallel_setup(args), timing=timing)))
     optimizer = str(given(vars(args), TrainingSettings).get("optim", "adamw_torch"))
     if not optimizer.startswith("adamw") or "8bit" in optimizer:
         print(

@@ -24,7 +24,6 @@ from difftransformer.errors import UsageError, check_seed
 from difftransformer.flags import integer_pairs
 from difftransformer.models import ATTENTION_KINDS
 
-
 # TrainingSettings fields that, left unset, are decided from the hardware of the machine a run trains on.
 HARDWARE_DEFAULTS = frozenset({"use_cpu", "bf16"})
 
