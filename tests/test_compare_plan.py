@@ -25,6 +25,7 @@ from difftransformer.data.blocks import BlockFile, _mapped, block_file
 from difftransformer.errors import UsageError
 from difftransformer.train.cli import resolved_preset, training_options
 from difftransformer.train.pipeline import PreparedData
+from difftransformer.train.plan import count_parameters
 
 
 def plan(tmp_path, *flags: str):
@@ -156,3 +157,17 @@ def test_prepared_data_travels_with_its_cache_files_named_not_copied(tmp_path):
     path.unlink()
     with pytest.raises(UsageError, match="is missing here"):
         pickle.loads(payload)
+
+
+def test_each_size_trains_on_tokens_in_proportion_to_its_parameters(tmp_path):
+    sized = plan(tmp_path, "--sizes", "32,64", "--tokens-per-parameter", "10")
+    steps = {run.scale: run.max_steps for run in sized.final()}
+    for scale, width in (("d32", 32), ("d64", 64)):
+        preset = sized.runs[(scale, "softmax", 3e-3, 0)].preset
+        assert preset.hidden_size == width
+        counts = count_parameters(preset.model_config("softmax"))
+        tokens = 10 * (counts.total - counts.outside_layers)
+        assert steps[scale] == round(tokens / (256 * 4)), scale  # micro: 4 blocks of 256 tokens a step
+    assert steps["d64"] > 3 * steps["d32"]
+    with pytest.raises(UsageError, match="`tokens_per_parameter` applies to `sizes`"):
+        plan(tmp_path, "--tokens-per-parameter", "10")

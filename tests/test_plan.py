@@ -217,7 +217,9 @@ def test_plan_says_which_optimizer_it_does_not_model(capsys):
 
 
 def test_plan_times_each_models_steps_on_this_machine(capsys):
-    assert main(["plan", "--preset", "micro", "--time-steps", "2", "--threads", "1", "--max-steps", "6000"]) == 0
+    assert (
+        main(["plan", "--preset", "micro", "--time-steps", "2", "--threads", "1", "--max-steps", "6000"]) == 0
+    )
     out = capsys.readouterr().out
     assert "training time of one run on this machine (6,000 steps, 1 threads, timed over 2 steps" in out
     lines = out.split("training time of one run")[1].splitlines()[1:4]

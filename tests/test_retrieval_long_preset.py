@@ -31,13 +31,13 @@ def test_same_models_as_the_retrieval_preset_grown_to_longer_rows():
     assert long.block_size == 256 and long.mqar_pairs == (8, 64)
     mix = long.recall
     assert (mix.mqar_fraction, mix.induction_fraction) == (0.4, 0.4)
-    # 64-token rows (2-16 pairs) until step 3000, then 256-token rows (8-64 pairs) to the end.
-    assert [mix.length_at(step, 256) for step in (0, 2999, 3000, 3599)] == [64, 64, 256, 256]
+    # 64-token rows (2-16 pairs) until step 4500, then 256-token rows (8-64 pairs) to the end.
+    assert [mix.length_at(step, 256) for step in (0, 4499, 4500, 5099)] == [64, 64, 256, 256]
     assert mix.pairs_at(64, 256) == (2, 16) and mix.pairs_at(256, 256) == (8, 64)
     settings = long.training_settings(output_dir="unused")
-    assert settings.max_steps == 3600 and settings.per_device_train_batch_size == 64
+    assert settings.max_steps == 5100 and settings.per_device_train_batch_size == 64
     full = 64 * 256
-    assert mix.tokens_between(0, 3600, 256, full) == 3000 * full // 4 + 600 * full
+    assert mix.tokens_between(0, 5100, 256, full) == 4500 * full // 4 + 600 * full
     # compare scores mqar on Zoology's grid of lengths by pair counts, up to 4x the trained length; the vocabulary
     # holds 120 distinct keys, so 64 pairs at most.
     grid = long.evaluation["mqar"]
@@ -53,7 +53,7 @@ def test_its_rows_grow_and_a_model_trains_on_them(tmp_path):
     rng = np.random.default_rng(0)
     text = torch.from_numpy(rng.integers(0, 80, size=(64, preset.block_size)))
     rows = MixedBlocks(text, preset.recall, preset.vocab_size, seed=3)
-    for step, length, (low, high) in ((0, 64, (2, 16)), (3000, 256, (8, 64))):
+    for step, length, (low, high) in ((0, 64, (2, 16)), (4500, 256, (8, 64))):
         rows.follow_schedule(step, 64)
         answers = []
         for index in range(64):
@@ -80,10 +80,10 @@ def test_the_length_schedule_flag_replaces_the_presets_and_is_checked_before_wor
     parser = argparse.ArgumentParser()
     train_cli.configure(parser)
     flags = ["--preset", "retrieval-long", "--output-dir", str(tmp_path / "run")]
-    preset = train_cli.resolved_preset(parser.parse_args([*flags, "--length-schedule", "0:64,4500:256"]))
-    assert preset.length_schedule == ((0, 64), (4500, 256))
-    assert [preset.recall.length_at(step, 256) for step in (4499, 4500)] == [64, 256]
-    assert train_cli.resolved_preset(parser.parse_args(flags)).length_schedule == ((0, 64), (3000, 256))
+    preset = train_cli.resolved_preset(parser.parse_args([*flags, "--length-schedule", "0:64,3000:256"]))
+    assert preset.length_schedule == ((0, 64), (3000, 256))
+    assert [preset.recall.length_at(step, 256) for step in (2999, 3000)] == [64, 256]
+    assert train_cli.resolved_preset(parser.parse_args(flags)).length_schedule == ((0, 64), (4500, 256))
     for schedule, expected in (("64:0", "STEP:TOKENS"), ("0:64,10:32", "ascending"), ("5:64", "step 0"),
                                ("0:64,10:512", "beyond the block size")):  # fmt: skip
         try:  # argparse exits on a word its type refuses; the preset's own checks return 2

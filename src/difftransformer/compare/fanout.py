@@ -29,8 +29,10 @@ from transformers import TrainerCallback
 
 from difftransformer.compare.resources import RunResources
 from difftransformer.errors import UsageError
+from difftransformer.storage import read_json, write_json
 
 RUN_LOG = "run.log"
+USAGE_JSON = "usage.json"  # every attempt's wall and CPU seconds, in a run's folder
 EVAL_LOSS = "eval_loss"
 _ERROR = "error"  # the metric a run reports its own exception under (not retried)
 
@@ -198,7 +200,7 @@ def _trial(config: dict[str, int], grid: Grid) -> None:
     from ray import tune
 
     run = grid.runs[config["run"]]
-    with run_log(run.folder):
+    with run_log(run.folder), _usage(run.folder, grid.desc):
         try:
             if grid.resources.workers > 1:
                 _train_data_parallel(config, grid)
@@ -210,6 +212,43 @@ def _trial(config: dict[str, int], grid: Grid) -> None:
             tune.report(
                 {_ERROR: str(error) or type(error).__name__, "refused": isinstance(error, UsageError)}
             )
+
+
+@contextlib.contextmanager
+def _usage(folder: Path, phase: str) -> Iterator[None]:
+    """Append this attempt's wall and CPU seconds (this process and the processes it waited for) to the run's
+    usage.json; a data-parallel run's workers are other processes: its CPU seconds are the trial's alone."""
+    import resource
+
+    def cpu() -> float:
+        return sum(
+            usage.ru_utime + usage.ru_stime
+            for usage in (
+                resource.getrusage(resource.RUSAGE_SELF),
+                resource.getrusage(resource.RUSAGE_CHILDREN),
+            )
+        )
+
+    start, cpu_start = time.monotonic(), cpu()
+    try:
+        yield
+    finally:
+        path = folder / USAGE_JSON
+        attempts = read_json(path)["attempts"] if path.is_file() else []
+        attempt = {"phase": phase, "wall_seconds": time.monotonic() - start, "cpu_seconds": cpu() - cpu_start}
+        write_json(path, {"attempts": [*attempts, attempt]})
+
+
+def usage_seconds(folders: Sequence[Path]) -> dict[str, float]:
+    """The wall and CPU seconds of every attempt at the runs in ``folders`` (their usage.json files); an attempt
+    whose worker was killed left none."""
+    attempts = [
+        attempt
+        for folder in folders
+        if (folder / USAGE_JSON).is_file()
+        for attempt in read_json(folder / USAGE_JSON)["attempts"]
+    ]
+    return {key: sum(attempt[key] for attempt in attempts) for key in ("wall_seconds", "cpu_seconds")}
 
 
 def _set_threads(cpus: int) -> None:

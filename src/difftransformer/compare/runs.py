@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
 from difftransformer.compare.cluster import Cluster, check_shared, connect
-from difftransformer.compare.fanout import Grid, run_grid
+from difftransformer.compare.fanout import Grid, run_grid, usage_seconds
 from difftransformer.compare.records import RunRecord, SweepPoint
 from difftransformer.compare.report import build_report
 from difftransformer.compare.settings import ComparisonSettings
@@ -48,6 +48,7 @@ from difftransformer.storage import check_output_dir, read_json, versions, write
 from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.checkpoints import checkpoints
 from difftransformer.train.pipeline import PreparedData
+from difftransformer.train.plan import count_parameters
 from difftransformer.train.presets import Preset
 from difftransformer.train.provenance import (
     differing_settings,
@@ -226,6 +227,14 @@ def scaled_presets(
 ) -> list[tuple[str, Preset]]:
     """(label, preset) for every scale to train: the preset itself, each --sizes width, or each --token-budgets
     (``training``: the command line's other training options, which set the tokens per step with the preset's)."""
+    settings = preset.training_settings(**{**training, "output_dir": comparison.output_dir})
+    step_tokens = tokens_per_step(preset.block_size, settings)
+
+    def trained_on(scaled: Preset, tokens: float) -> Preset:
+        steps = max(1, round(tokens / step_tokens))
+        warmup = min(scaled.training.warmup_steps, max(1, steps // 10))
+        return scaled.with_training(max_steps=steps, warmup_steps=warmup)
+
     if comparison.sizes:
         head_width = preset.hidden_size // (2 * preset.diff_heads)
         scales = []
@@ -234,28 +243,21 @@ def scaled_presets(
                 raise UsageError(
                     f"`sizes`: each width must be a multiple of 2 x head width {head_width}; got {width}"
                 )
-            scales.append(
-                (
-                    f"d{width}",
-                    dataclasses.replace(
-                        preset,
-                        hidden_size=width,
-                        diff_heads=width // (2 * head_width),
-                        intermediate_size=None,
-                    ),
-                )
+            scaled = dataclasses.replace(
+                preset, hidden_size=width, diff_heads=width // (2 * head_width), intermediate_size=None
             )
+            if comparison.tokens_per_parameter:
+                counts = count_parameters(scaled.model_config("softmax"))
+                scaled = trained_on(
+                    scaled, comparison.tokens_per_parameter * (counts.total - counts.outside_layers)
+                )
+            scales.append((f"d{width}", scaled))
         return scales
     if comparison.token_budgets:
-        settings = preset.training_settings(**{**training, "output_dir": comparison.output_dir})
-        step_tokens = tokens_per_step(preset.block_size, settings)
         scales = []
         for tokens in comparison.token_budgets:
-            steps = max(1, round(tokens / step_tokens))
-            warmup = min(preset.training.warmup_steps, max(1, steps // 10))
-            scales.append(
-                (f"t{steps * step_tokens}", preset.with_training(max_steps=steps, warmup_steps=warmup))
-            )
+            scaled = trained_on(preset, tokens)
+            scales.append((f"t{scaled.training.max_steps * step_tokens}", scaled))
         return scales
     return [(preset.name, preset)]
 
@@ -505,6 +507,8 @@ def run_comparison(
         "data": dataclasses.asdict(data_options),
         "cluster": cluster.describe(),
         "runs": {str(r.folder): "reused" if r.reused else "trained" for r in records},
+        # Every attempt at every run of this folder's comparison, this invocation's and earlier ones'.
+        "usage": usage_seconds(sorted({run.folder for run in [*plan.sweep, *final]})),
     }
     results = {"provenance": provenance, "runs": [r.to_json() for r in records]}
     if plan.sweep:

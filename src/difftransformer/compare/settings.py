@@ -34,6 +34,8 @@ class ComparisonSettings:
         init_from: a pretrained softmax folder every variant starts from (upcycled to its kind), or None.
         seeds: one run per variant and seed (None: the training seed alone).
         sizes: model widths to train every variant at (loss against parameters), or None.
+        tokens_per_parameter: with ``sizes``, each size's training tokens per non-embedding parameter of its
+            matched Transformer (None: the preset's steps at every size).
         token_budgets: training tokens to train every variant for (loss against tokens), or None.
         tasks: evaluation tasks (None: every one that fits the block size).
         needles: the N:R configurations of the needle task and quant's needle check.
@@ -85,6 +87,12 @@ class ComparisonSettings:
         "same tokens each; fits loss against parameters and says how many parameters DIFF needs to match the "
         "baseline",
         metavar="SIZES",
+    )
+    tokens_per_parameter: float | None = _option(
+        None,
+        "with --sizes: train each size on this many tokens per non-embedding parameter of its matched Transformer "
+        "(rounded to whole steps; warm-up shortened to a tenth of a short run) instead of the preset's steps",
+        metavar="RATIO",
     )
     token_budgets: tuple[int, ...] | None = _option(
         None,
@@ -199,6 +207,11 @@ class ComparisonSettings:
             check_address(self.ray_address)
         if self.run_retries < 0:
             raise UsageError(f"`run_retries` must be >= 0; got {self.run_retries}")
+        if self.tokens_per_parameter is not None:
+            if not self.sizes:
+                raise UsageError("`tokens_per_parameter` applies to `sizes`; give them, or leave it out")
+            if not self.tokens_per_parameter > 0:
+                raise UsageError(f"`tokens_per_parameter` must be > 0; got {self.tokens_per_parameter}")
         if self.sizes and self.token_budgets:
             raise UsageError("give `sizes` or `token_budgets`, not both")
         if self.needle_samples is not None and self.needle_samples < 1:
