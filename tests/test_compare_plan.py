@@ -26,6 +26,7 @@ from difftransformer.errors import UsageError
 from difftransformer.train.cli import resolved_preset, training_options
 from difftransformer.train.pipeline import PreparedData
 from difftransformer.train.plan import count_parameters
+from difftransformer.train.presets import get_preset
 
 
 def plan(tmp_path, *flags: str):
@@ -171,3 +172,21 @@ def test_each_size_trains_on_tokens_in_proportion_to_its_parameters(tmp_path):
     assert steps["d64"] > 3 * steps["d32"]
     with pytest.raises(UsageError, match="`tokens_per_parameter` applies to `sizes`"):
         plan(tmp_path, "--tokens-per-parameter", "10")
+
+
+def test_a_preset_at_another_width_keeps_its_depth_and_head_width():
+    preset = get_preset("scaling")
+    wide = preset.at_width(144)
+    assert (wide.hidden_size, wide.diff_heads, wide.num_hidden_layers) == (144, 6, preset.num_hidden_layers)
+    assert wide.model_config("softmax").head_dim == preset.model_config("softmax").head_dim == 12
+    with pytest.raises(UsageError, match="multiple of 2 x its head width 12; got 100"):
+        preset.at_width(100)
+    parser = argparse.ArgumentParser()
+    compare_cli.configure(parser)
+    assert resolved_preset(
+        parser.parse_args(["--preset", "scaling", "--hidden-size", "48"])
+    ) == preset.at_width(48)
+    with pytest.raises(UsageError, match="`sizes`: a width of preset scaling must be a multiple"):
+        plan_comparison(
+            preset, compare_cli.comparison_settings(parser.parse_args(["--sizes", "50"])), {"seed": 0}
+        )

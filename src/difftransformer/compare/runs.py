@@ -236,16 +236,12 @@ def scaled_presets(
         return scaled.with_training(max_steps=steps, warmup_steps=warmup)
 
     if comparison.sizes:
-        head_width = preset.hidden_size // (2 * preset.diff_heads)
         scales = []
         for width in comparison.sizes:
-            if width < 2 * head_width or width % (2 * head_width):
-                raise UsageError(
-                    f"`sizes`: each width must be a multiple of 2 x head width {head_width}; got {width}"
-                )
-            scaled = dataclasses.replace(
-                preset, hidden_size=width, diff_heads=width // (2 * head_width), intermediate_size=None
-            )
+            try:
+                scaled = preset.at_width(width)
+            except UsageError as err:
+                raise UsageError(str(err).replace("`hidden_size`", "`sizes`")) from None
             if comparison.tokens_per_parameter:
                 counts = count_parameters(scaled.model_config("softmax"))
                 scaled = trained_on(

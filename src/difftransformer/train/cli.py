@@ -84,11 +84,13 @@ def resolved_preset(args: argparse.Namespace) -> Preset:
     overrides = {
         name: value
         for name, value in dataclasses.asdict(options).items()
-        if name != "preset" and value is not None
+        if name not in ("preset", "hidden_size") and value is not None
     }
     if vars(args).get("data") is not None:
         overrides = {**{name: 0.0 for name in RECALL_FRACTIONS}, **overrides}
     training = {name: value for name, value in given(vars(args), TrainingSettings).items() if name in RECIPE}
+    if options.hidden_size is not None:
+        preset = preset.at_width(options.hidden_size)
     preset = dataclasses.replace(preset, **overrides).with_training(**training)
     preset.recall.check_schedule(preset.block_size)  # the recall mix checks its shares as it is made
     for attention in ATTENTION_KINDS:  # the model options are checked now, before any work

@@ -151,6 +151,19 @@ class Preset:
             pad_token_id=tokenizer.pad_token_id,
         )
 
+    def at_width(self, width: int) -> Preset:
+        """This preset at d_model ``width`` with its depth and head width d (h = width / 2d DIFF heads) and the
+        FFN at its default 8/3 width: the models of ``compare --sizes`` and ``--hidden-size``."""
+        head_width = self.hidden_size // (2 * self.diff_heads)
+        if width < 2 * head_width or width % (2 * head_width):
+            raise UsageError(
+                f"`hidden_size`: a width of preset {self.name} must be a multiple of 2 x its head width {head_width}; "
+                f"got {width}"
+            )
+        return dataclasses.replace(
+            self, hidden_size=width, diff_heads=width // (2 * head_width), intermediate_size=None
+        )
+
     def with_training(self, **overrides: Any) -> Preset:
         """This preset with ``overrides`` of its training settings (fields of :class:`Recipe`)."""
         return dataclasses.replace(self, training=dataclasses.replace(self.training, **overrides))

@@ -142,6 +142,11 @@ class PresetOptions:
         default="tiny",
         metadata={"help": "model size and training recipe, one of those listed below (default: tiny)"},
     )
+    hidden_size: int | None = field(
+        default=None,
+        metadata={"help": "model width d_model, with the preset's depth and head width (its DIFF heads follow; "
+                  "default: the preset's)"},
+    )  # fmt: skip
     block_size: int | None = field(
         default=None, metadata={"help": "tokens per training sequence (default: the preset's)"}
     )
@@ -204,8 +209,8 @@ class PresetOptions:
     def __post_init__(self) -> None:
         if self.length_schedule is not None:
             self.length_schedule = tuple((int(step), int(tokens)) for step, tokens in self.length_schedule)
-        for name, lowest in (("block_size", 2), ("vocab_size", MIN_VOCAB_SIZE), ("eval_blocks", 1),
-                             ("max_position_embeddings", 2)):  # fmt: skip
+        for name, lowest in (("hidden_size", 1), ("block_size", 2), ("vocab_size", MIN_VOCAB_SIZE),
+                             ("eval_blocks", 1), ("max_position_embeddings", 2)):  # fmt: skip
             value = getattr(self, name)
             if value is not None and value < lowest:
                 raise UsageError(f"`{name}` must be at least {lowest}; got {value}")
