@@ -9,6 +9,9 @@ from pathlib import Path
 
 from difftransformer.storage import versions
 
+EVALUATION_JSON = "evaluation.json"  # a run folder's record (RunRecord.to_json)
+RESULTS_JSON = "results.json"  # a comparison folder's records and settings
+
 
 @dataclass
 class RunRecord:

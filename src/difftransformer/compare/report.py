@@ -261,7 +261,10 @@ def lambda_section(
             if not kind:
                 continue
             name = "lambda_layer_{}" if kind == "v1" else "lambda_mean_layer_{}"
-            finals = [[_curve(r, name.format(layer))[1][-1] for r in runs] for layer in layers]
+            # A run shorter than its logging steps logged no value: its cell says so ("-").
+            finals = [
+                [values[-1] for r in runs if (values := _curve(r, name.format(layer))[1])] for layer in layers
+            ]
             row_label = variant.label + (f" {scale}" if len(scales) > 1 else "")
             row_label += " (mean sigmoid(lambda))" if kind == "v2" else ""
             rows.append([row_label, *(mean_spread(values, 3) for values in finals)])
@@ -271,7 +274,12 @@ def lambda_section(
         "lambda_init) and DIFF V2's per-token, per-head sigmoid(lambda) (dashed: its mean over the training "
         "tokens between two logging steps, the band ± its standard deviation over those tokens and heads), "
         "beside the training loss; from each run's metrics.csv. The table gives the last logged value, mean ± "
-        "spread across seeds."
+        "spread across seeds"
+        + (
+            "."
+            if any(cell != "-" for row in rows for cell in row[1:])
+            else "; no run logged lambda (each ended before its first logging step: `logging_steps`)."
+        )
     )
     report.table(header, rows)
     report.image("lambda_traces.png", "lambda per layer during training, beside the training loss")

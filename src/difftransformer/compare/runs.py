@@ -32,7 +32,8 @@ from transformers import TrainerCallback
 
 from difftransformer.compare.cluster import Cluster, check_shared, connect
 from difftransformer.compare.fanout import Grid, run_grid, usage_seconds
-from difftransformer.compare.records import RunRecord, SweepPoint
+from difftransformer.compare.history import extend_earlier
+from difftransformer.compare.records import EVALUATION_JSON, RESULTS_JSON, RunRecord, SweepPoint
 from difftransformer.compare.report import build_report
 from difftransformer.compare.settings import ComparisonSettings
 from difftransformer.compare.variants import Variant
@@ -58,8 +59,6 @@ from difftransformer.train.provenance import (
 )
 from difftransformer.train.runner import METRICS_CSV, SUMMARY_JSON, is_main_process, train_model
 from difftransformer.train.settings import HARDWARE_DEFAULTS, TrainingSettings, tokens_per_step
-
-EVALUATION_JSON = "evaluation.json"
 
 
 @dataclass(frozen=True)
@@ -502,12 +501,18 @@ def run_comparison(
         "training": training,
         "data": dataclasses.asdict(data_options),
         "cluster": cluster.describe(),
-        "runs": {str(r.folder): "reused" if r.reused else "trained" for r in records},
-        # Every attempt at every run of this folder's comparison, this invocation's and earlier ones'.
-        "usage": usage_seconds(sorted({run.folder for run in [*plan.sweep, *final]})),
     }
+    extended = extend_earlier(out, provenance, records, points, comparison.variants)
+    records, points = extended.records, extended.points
+    best = best_rates(points) if points else None
+    provenance["comparison"]["variants"] = [variant.spec() for variant in extended.variants]
+    provenance["runs"] = {str(r.folder): "reused" if r.reused else "trained" for r in records}
+    # Every attempt at every run this report holds, this invocation's and earlier ones'.
+    provenance["usage"] = usage_seconds(
+        sorted({r.folder for r in records} | {run.folder for run in plan.sweep})
+    )
     results = {"provenance": provenance, "runs": [r.to_json() for r in records]}
-    if plan.sweep:
+    if points:
         results["learning_rates"] = {
             "shared": plan.shared_rate,
             "best": [
@@ -516,16 +521,20 @@ def run_comparison(
             ],
             "sweep": [dataclasses.asdict(point) for point in points],
         }
-    write_json(out / "results.json", results)
+    folder = extended.folder
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / RESULTS_JSON, results)
     markdown, _ = build_report(
         records,
-        comparison.variants,
+        extended.variants,
         data,
         preset,
         comparison,
-        out,
+        folder,
         sweep=points,
         shared_rate=plan.shared_rate,
         best=best,
-    ).write(out)
+    ).write(folder)
+    if extended.beside:
+        print(f"compare: this report is in {folder}, beside the one in {out}: {extended.beside}")
     return markdown

@@ -1,0 +1,78 @@
+"""A rerun of compare never leaves a smaller report: one comparison grown by variants, seeds or sizes reports every
+run of both invocations; a narrower one (fewer tasks, other settings) writes its report beside the earlier one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from difftransformer.compare.history import extend_earlier
+from difftransformer.compare.records import EVALUATION_JSON, RESULTS_JSON, RunRecord, SweepPoint
+from difftransformer.compare.variants import parse_variants
+from difftransformer.storage import write_json
+
+
+def record(root: Path, spec: str, seed: int, tasks=("outliers", "quant")) -> RunRecord:
+    folder = root / "runs" / f"{spec}-seed{seed}"
+    folder.mkdir(parents=True, exist_ok=True)
+    suite = {part: {task: {"x": seed} for task in tasks} for part in ("options", "seconds", "summary")}
+    made = RunRecord(spec, seed, "micro", folder, 10, 10, 1.0, 1.0, 2.0 + seed, 3.0, suite)
+    write_json(folder / EVALUATION_JSON, made.to_json())
+    return made
+
+
+def provenance(**comparison) -> dict:
+    return {
+        "preset": "micro",
+        "training": {"seed": 0},
+        "data": {"data": None},
+        "comparison": {
+            "variants": ["diff", "softmax"],
+            "seeds": [0],
+            "tasks": None,
+            "test_blocks": 256,
+            **comparison,
+        },
+    }
+
+
+def earlier(root: Path, records, points=(), **comparison) -> None:
+    results = {"provenance": provenance(**comparison), "runs": [r.to_json() for r in records]}
+    if points:
+        results["learning_rates"] = {"sweep": [point.__dict__ for point in points]}
+    write_json(root / RESULTS_JSON, results)
+
+
+def test_a_variant_added_to_a_comparison_reports_beside_the_earlier_ones(tmp_path):
+    first = [record(tmp_path, "diff", 0), record(tmp_path, "softmax", 0)]
+    point = SweepPoint("diff", "micro", 1e-3, 0, 6, 6, 5.0, False)
+    earlier(tmp_path, first, [point])
+    added = [record(tmp_path, "diff_v2", 0)]
+    extended = extend_earlier(
+        tmp_path, provenance(variants=["diff_v2"]), added, [], parse_variants("diff_v2")
+    )
+    assert extended.folder == tmp_path and extended.beside is None
+    assert [r.variant for r in extended.records] == ["diff", "softmax", "diff_v2"]
+    assert [v.spec() for v in extended.variants] == ["diff", "softmax", "diff_v2"] and extended.points == [
+        point
+    ]
+    # A rerun of the same runs reads each run again from its folder, this invocation's record winning.
+    again = [record(tmp_path, "diff", 0)]
+    assert len(extend_earlier(tmp_path, provenance(), again, [], parse_variants("diff")).records) == 2
+
+
+def test_a_narrower_rerun_writes_its_report_beside_the_earlier_one(tmp_path):
+    earlier(tmp_path, [record(tmp_path, "diff", 0), record(tmp_path, "softmax", 0)])
+    fewer_tasks = [record(tmp_path, v, 0, tasks=("outliers",)) for v in ("diff", "softmax")]
+    narrower = extend_earlier(
+        tmp_path, provenance(tasks=["outliers"]), fewer_tasks, [], parse_variants("diff,softmax")
+    )
+    assert narrower.folder.parent == tmp_path / "reports" and "the tasks quant" in narrower.beside
+    assert narrower.records == fewer_tasks
+    # Other settings and a superset of the earlier runs and tasks: the report is replaced, not narrowed.
+    more = [record(tmp_path, v, 0, tasks=("outliers", "quant", "longctx")) for v in ("diff", "softmax")]
+    wider = extend_earlier(tmp_path, provenance(tasks=["outliers", "quant", "longctx"]), more, [],
+                           parse_variants("diff,softmax"))  # fmt: skip
+    assert wider.folder == tmp_path and wider.beside is None
+    (tmp_path / RESULTS_JSON).write_text("{not json")
+    unreadable = extend_earlier(tmp_path, provenance(), more, [], parse_variants("diff,softmax"))
+    assert unreadable.beside and "cannot be read" in unreadable.beside
