@@ -20,8 +20,10 @@ from pathlib import Path
 from difftransformer.compare.resources import RunResources, default_resources
 from difftransformer.errors import UsageError
 
-# Environment of every worker process: tqdm bars in the runs' logs (run.log, a file) redraw at most twice a minute.
-WORKER_ENV = {"TQDM_MININTERVAL": "30"}
+# Environment of every worker process: tqdm bars in the runs' logs (run.log, a file) redraw at most twice a minute,
+# and Tune leaves a trial in the worker's own folder rather than its trial folder (every path a run reads or writes
+# is absolute; compare.settings makes them so).
+WORKER_ENV = {"TQDM_MININTERVAL": "30", "RAY_CHDIR_TO_TRIAL_DIR": "0"}
 _CONNECT_TIMEOUT = 5.0
 
 

@@ -5,6 +5,7 @@ data and training options are ``train``'s, see :mod:`difftransformer.train.setti
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 
 from difftransformer.compare.cluster import check_address
@@ -176,6 +177,10 @@ class ComparisonSettings:
     )
 
     def __post_init__(self) -> None:
+        # The runs are trained and evaluated by workers that may stand in another folder, on another node.
+        for name in ("output_dir", "init_from", "lm_eval_include"):
+            if getattr(self, name):
+                object.__setattr__(self, name, os.path.abspath(getattr(self, name)))
         specs = [variant.spec() for variant in self.variants]
         if not specs or len(set(specs)) != len(specs):
             raise UsageError(f"`variants` must list distinct variants; got {', '.join(specs) or 'none'}")
