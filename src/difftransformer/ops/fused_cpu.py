@@ -47,10 +47,19 @@ def query_block(keys: int) -> int:
 
 
 def _build_directory(flags: list[str]) -> Path:
-    """One folder per (source, flags, torch, machine): a changed kernel or another CPU never reuses a build."""
+    """One folder per (source, its path, flags, torch, machine): a changed kernel or another CPU never reuses a
+    build, and two installs (two checkouts, two venvs) never rebuild over each other's (torch's build file names the
+    source's path)."""
     key = hashlib.sha256(
         "\0".join(
-            [SOURCE.read_text(), *flags, torch.__version__, platform.machine(), platform.node()]
+            [
+                SOURCE.read_text(),
+                str(SOURCE.resolve()),
+                *flags,
+                torch.__version__,
+                platform.machine(),
+                platform.node(),
+            ]
         ).encode()
     ).hexdigest()[:16]
     return cache_dir() / "extensions" / f"diff_attention_cpu-{key}"
