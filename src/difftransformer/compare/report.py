@@ -287,7 +287,7 @@ def lambda_section(
 
 def gap_section(
     report: Report, records: Sequence[RunRecord], variants: Sequence[Variant], scale: str, out: Path
-):
+) -> None:
     """Each DIFF variant's validation loss minus the baseline's against tokens (mean and spread over seeds)."""
     baseline = baseline_of(variants)
     if baseline is None:
@@ -298,6 +298,8 @@ def gap_section(
         for spec in dict.fromkeys(r.variant for r in at_scale)
     }
     gaps = gap_curves(curves, baseline.spec())
+    if not any(gaps.values()):  # no other variant, or no validation loss logged at a common step
+        return
     plt = pyplot()
     figure, axis = plt.subplots(figsize=(7, 4.5))
     lines = []
