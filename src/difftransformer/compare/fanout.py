@@ -20,13 +20,13 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Hashable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from transformers import TrainerCallback
 
+from difftransformer.compare.grid import Grid
 from difftransformer.compare.resources import RunResources
 from difftransformer.errors import UsageError
 from difftransformer.storage import read_json, write_json
@@ -35,47 +35,6 @@ RUN_LOG = "run.log"
 USAGE_JSON = "usage.json"  # every attempt's wall and CPU seconds, in a run's folder
 EVAL_LOSS = "eval_loss"
 _ERROR = "error"  # the metric a run reports its own exception under (not retried)
-
-
-class GridRun(Protocol):
-    """What the scheduler needs of a run: a name, its folder, the arm whose runs early stopping compares, and its
-    training steps (for the progress estimate)."""
-
-    @property
-    def name(self) -> str: ...
-
-    folder: Path
-
-    @property
-    def arm(self) -> Hashable: ...
-
-    @property
-    def max_steps(self) -> int: ...
-
-
-Work = Callable[[Any, Sequence[TrainerCallback]], None]
-
-
-@dataclass(frozen=True)
-class Grid:
-    """Runs to fan out and what to do with each.
-
-    Attributes:
-        runs: the runs, started in this order.
-        work: trains (and evaluates) one run into its folder, with the given Trainer callbacks; called in the
-            worker process (it travels there pickled, with what it holds: the prepared data, the settings).
-        resources: each run's share of the cluster.
-        retries: how often a run whose worker died is started again.
-        early_stop: stop runs whose validation loss falls behind their arm's (ASHA over the training steps).
-        desc: the progress display's label.
-    """
-
-    runs: tuple[GridRun, ...]
-    work: Work
-    resources: RunResources
-    retries: int = 3
-    early_stop: bool = False
-    desc: str = "compare"
 
 
 class RunFailed(RuntimeError):

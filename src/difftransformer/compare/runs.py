@@ -31,7 +31,8 @@ from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
 from difftransformer.compare.cluster import Cluster, check_shared, connect
-from difftransformer.compare.fanout import Grid, run_grid, usage_seconds
+from difftransformer.compare.fanout import run_grid, usage_seconds
+from difftransformer.compare.grid import Grid
 from difftransformer.compare.history import extend_earlier
 from difftransformer.compare.records import EVALUATION_JSON, RESULTS_JSON, RunRecord, SweepPoint
 from difftransformer.compare.report import build_report
