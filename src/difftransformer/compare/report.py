@@ -387,17 +387,24 @@ def harness_section(
 
 
 def plot_scaling(points: dict[str, list[tuple[float, float]]], xlabel: str, path: Path) -> dict:
-    """Loss against x (log-log) per variant spec with its fitted power law; returns the fits."""
+    """Loss against x (log-log) per variant spec: the mean over seeds at each x with a band of ± one sample
+    standard deviation, and the power law fitted to every seed's point; returns the fits."""
     plt = pyplot()
     figure, axis = plt.subplots(figsize=(6, 4.5))
     fits = {}
-    for spec, pairs in points.items():
-        xs, ys = zip(*pairs)
-        axis.scatter(xs, ys, label=label(spec))
-        if len(set(xs)) >= 2:
-            fits[spec] = fit_power_law(xs, ys)
-            grid = [min(xs) * (max(xs) / min(xs)) ** (i / 50) for i in range(51)]
-            axis.plot(grid, fits[spec](grid), lw=1)
+    for i, (spec, pairs) in enumerate(points.items()):
+        xs = sorted({x for x, _ in pairs})
+        by_x = [[y for x_, y in pairs if x_ == x] for x in xs]
+        means = [mean(ys) for ys in by_x]
+        axis.plot(xs, means, "o", color=f"C{i}", label=label(spec))
+        if all(len(ys) > 1 for ys in by_x):
+            low = [m - spread(ys) for m, ys in zip(means, by_x)]
+            high = [m + spread(ys) for m, ys in zip(means, by_x)]
+            axis.fill_between(xs, low, high, color=f"C{i}", alpha=0.2)
+        if len(xs) >= 2:
+            fits[spec] = fit_power_law(*zip(*pairs))
+            grid = [min(xs) * (max(xs) / min(xs)) ** (j / 50) for j in range(51)]
+            axis.plot(grid, fits[spec](grid), color=f"C{i}", lw=1)
     axis.set(xscale="log", yscale="log", xlabel=xlabel, ylabel="test loss")
     axis.grid(alpha=0.3, which="both")
     axis.legend()
@@ -439,7 +446,10 @@ def scaling_section(
             f"Transformer's loss with this share of the {by}: {', '.join(shares)} (the paper: 62% of the "
             "parameters at 6.8B; 63.7% of the tokens)."
         )
-    report.image(name, f"test loss against {by}, log-log, with power-law fits")
+    report.image(
+        name,
+        f"test loss against {by}, log-log: the mean over seeds with a ± one standard deviation band, and power-law fits",
+    )
 
 
 def _schedule_text(mix: RecallMix, block_size: int) -> str:
