@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 from transformers import (
     AutoConfig,
-    AutoModelForCausalLM,
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -23,9 +22,9 @@ from transformers import (
 )
 
 import difftransformer  # noqa: F401  (registers the "difftransformer" model type with the Auto classes)
-from difftransformer.convert.folders import load_folder
 from difftransformer.data.tokenizer import load_tokenizer
 from difftransformer.errors import UsageError, check_seed
+from difftransformer.models.folders import load_model_folder, open_folder
 from difftransformer.storage import check_input_dir
 
 
@@ -77,13 +76,14 @@ def load_for_generation(
         raise UsageError(f"`model` must be a folder with config.json (a trained run); got {str(model_dir)!r}")
     if tokenizer_dir is not None:
         check_input_dir(tokenizer_dir, "tokenizer", "a saved tokenizer")
-    config = load_folder(AutoConfig.from_pretrained, model_dir, local_files_only=True)
+    config = open_folder(AutoConfig.from_pretrained, model_dir, thing="config", local_files_only=True)
     return config, load_tokenizer(tokenizer_dir or model_dir, field="tokenizer" if tokenizer_dir else "model")
 
 
 def load_model(model_dir: str | os.PathLike) -> PreTrainedModel:
-    """The model of a trained folder, in eval mode; damaged weights (missing, truncated) are refused in one line."""
-    return load_folder(AutoModelForCausalLM.from_pretrained, model_dir, local_files_only=True).eval()
+    """The model of a trained folder, in eval mode; damaged weights (missing, truncated, disagreeing with
+    config.json) are refused in one line."""
+    return load_model_folder(model_dir, local_files_only=True).eval()
 
 
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> torch.Tensor:

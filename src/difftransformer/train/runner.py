@@ -22,6 +22,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from difftransformer.errors import UsageError
 from difftransformer.models import DiffTransformerConfig, DiffTransformerForCausalLM
+from difftransformer.models.folders import load_model_folder
 from difftransformer.ops import fused_cpu_available
 from difftransformer.storage import check_output_dir, read_json, write_json
 from difftransformer.train.callbacks import CsvMetrics, ProgressBar
@@ -267,7 +268,7 @@ def _finished_run(
         result = TrainResult(**read_json(output_dir / SUMMARY_JSON))
         result.output_dir = Path(result.output_dir)
     else:
-        model = DiffTransformerForCausalLM.from_pretrained(checkpoint)
+        model = load_model_folder(checkpoint, DiffTransformerForCausalLM, what="output_dir")
         history = read_json(checkpoint / "trainer_state.json")["log_history"]
         evals = [entry["eval_loss"] for entry in history if "eval_loss" in entry]
         result = TrainResult(
