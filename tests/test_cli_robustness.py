@@ -328,8 +328,10 @@ def test_generate_refuses_exactly_the_invalid_numeric_combinations(
     prompt = len(
         AutoTokenizer.from_pretrained(models["diff"])("the king", add_special_tokens=False)["input_ids"]
     )
+    sampling_options = (top_k is not None and top_k != 0) or (top_p is not None and top_p != 0)
     valid = (1 <= new_tokens <= CONTEXT - prompt and temperature >= 0 and (top_k is None or top_k >= 1)
-             and (top_p is None or 0 < top_p <= 1) and 0 <= seed < 2**32)  # fmt: skip
+             and (top_p is None or 0 < top_p <= 1) and 0 <= seed < 2**32
+             and not (sampling_options and temperature == 0))  # top-k/top-p only sample  # fmt: skip
     assert outcome(argv, capsys) == ("reached" if valid else "refused"), argv
 
 

@@ -56,7 +56,9 @@ def check_output(source: Path, output: Path) -> None:
         raise ConversionError(f"`output_dir` must lie outside the source folder {source}; got {output}")
     if output in source.parents:
         raise ConversionError(f"`output_dir` must not contain the source folder {source}; got {output}")
-    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+    if output.exists() and not output.is_dir():
+        raise ConversionError(f"`output_dir` must be a new or empty folder; {output} is a file")
+    if output.exists() and any(output.iterdir()):
         raise ConversionError(f"`output_dir` must be a new or empty folder; {output} already holds files")
 
 
