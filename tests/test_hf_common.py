@@ -134,7 +134,6 @@ class _CommonTests(ModelTesterMixin):
             patch.setattr(DiffTransformerPreTrainedModel, "save_pretrained", original_format)
             super().test_reverse_loading_mapping()
 
-
     def test_model_weights_reload_no_missing_tied_weights(self):
         # transformers' own loading report on a folder whose weights are all gone (our from_pretrained refuses it):
         # it must name exactly the missing tensors, as the strict loading reads it (models/loading.py)

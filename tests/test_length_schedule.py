@@ -50,9 +50,7 @@ def test_schedule_is_checked_and_scales_the_pairs():
         RecallMix(**MIX, length_schedule=((0, 3),)).check_schedule(128)
     with pytest.raises(UsageError, match="only lengths of 4-6, 8-9, 12 tokens hold them"):
         RecallMix(mqar_fraction=0.5, mqar_pairs=(2, 40), length_schedule=((0, 100),)).check_schedule(128)
-    with pytest.raises(
-        UsageError, match="no length up to the block size holds them"
-    ):
+    with pytest.raises(UsageError, match="no length up to the block size holds them"):
         RecallMix(mqar_fraction=0.5, mqar_pairs=(2, 400), length_schedule=((0, 100),)).check_schedule(128)
     RecallMix(**MIX, length_schedule=((0, 12), (10, 128))).check(128, vocabulary)
 
