@@ -44,7 +44,7 @@ def load_model_and_tokenizer(
     weights disagree with its config (:func:`~difftransformer.models.folders.load_model_folder`);
     ``what`` is the option that named the folder (``model``, a judge's ``judge``), for the messages.
     """
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     import difftransformer  # noqa: F401  (registers model_type "difftransformer" with the Auto classes)
     from difftransformer.data.tokenizer import TOKENIZER_FILES
@@ -55,6 +55,8 @@ def load_model_and_tokenizer(
         raise MissingInputError(
             f"`{what}` must be a checkpoint directory with a config.json; got {str(path)!r}"
         )
+    # The config first: a value out of its bounds is refused before anything else reads the folder.
+    config = open_folder(AutoConfig.from_pretrained, path, what=what, thing="config")
     tokenizer = None
     if need_tokenizer:
         if not any((path / name).is_file() for name in TOKENIZER_FILES):
@@ -62,7 +64,9 @@ def load_model_and_tokenizer(
                 f"`{what}` {str(path)!r} has no tokenizer (expected one of {', '.join(TOKENIZER_FILES)}); "
                 "save the tokenizer next to the weights (tokenizer.save_pretrained(path))"
             )
-        tokenizer = open_folder(AutoTokenizer.from_pretrained, path, what=what, thing="tokenizer")
+        tokenizer = open_folder(
+            AutoTokenizer.from_pretrained, path, what=what, thing="tokenizer", config=config
+        )
     torch_dtype = getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype):
         raise UsageError(f"`dtype` must be a torch dtype name such as float32 or bfloat16; got {dtype!r}")

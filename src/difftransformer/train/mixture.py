@@ -100,8 +100,15 @@ class RecallMix:
     def check_schedule(self, block_size: int) -> None:
         """UsageError naming the field when the length schedule grows rows beyond ``block_size`` tokens, or gives
         rows too short for the MQAR or induction rows the mix draws (checked with the options, before any data is
-        read; the message says what would work)."""
+        read; the message says what would work). Without a schedule every row has ``block_size`` tokens."""
         if not self.length_schedule:
+            needs = self._row_needs(block_size, block_size)
+            short = [what for needed, what in needs if block_size < needed]
+            if short:
+                raise UsageError(
+                    f"`block_size` {block_size}: rows of {block_size} tokens cannot hold {' nor '.join(short)}; "
+                    f"give a block size of at least {max(needed for needed, _ in needs)}"
+                )
             return
         shown = ",".join(f"{step}:{tokens}" for step, tokens in self.length_schedule)
         if self.length_schedule[-1][1] > block_size:
