@@ -70,6 +70,21 @@ class LanguageModelTrainer(Trainer):
         finally:
             config.use_cache = training_use_cache
 
+    def _issue_warnings_after_load(self, load_result) -> None:
+        """Refuse a checkpoint to resume whose weights lack tensors of the model or hold others (Trainer only logs
+        them): the run would go on with fresh or dropped weights. Tied tensors are saved once and not counted."""
+        tied = set(getattr(self.model, "all_tied_weights_keys", {}))
+        missing = sorted(set(load_result.missing_keys) - tied)
+        unexpected = sorted(load_result.unexpected_keys)
+        if missing or unexpected:
+            found = [f"{len(keys)} {what} ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})"
+                     for keys, what in ((missing, "missing"), (unexpected, "unexpected")) if keys]  # fmt: skip
+            raise UsageError(
+                f"`resume`: the checkpoint's weights do not match the model it holds: tensors {'; '.join(found)}; "
+                "restore the checkpoint or choose another `output_dir`"
+            )
+        super()._issue_warnings_after_load(load_result)
+
     def create_accelerator_and_postprocess(self) -> None:
         super().create_accelerator_and_postprocess()
         enable_fsdp_on_cpu(self)  # --fsdp on CPU processes (accelerate applies it on accelerators only)
