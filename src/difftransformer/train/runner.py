@@ -189,6 +189,8 @@ def train_model(
     ``train_blocks`` (n_train, T) and ``eval_blocks`` (n_eval, T) are int64 token ids, every block a full
     training sequence; ``train_blocks`` may instead be a :class:`Blocks` dataset, e.g. :class:`MixedBlocks` with
     recall rows (whose MQAR accuracy is then logged at every evaluation); ``callbacks`` are added to Trainer's; ``progress_desc`` labels the progress bar.
+    The tokenizer saved with the model takes the model's context as its ``model_max_length`` (pipelines truncate
+    to it), set on ``tokenizer`` itself.
     """
     check_fsdp_state_dict(args)
     output_dir = Path(args.output_dir)
@@ -198,6 +200,7 @@ def train_model(
     try:
         checkpoint = _checkpoint_to_resume(output_dir, resume)
         config = model if isinstance(model, DiffTransformerConfig) else model.config
+        tokenizer.model_max_length = config.max_position_embeddings
         if checkpoint is not None:
             _check_same_model(checkpoint, config)
         finished = _finished_run(output_dir, checkpoint, args, tokenizer)
