@@ -144,8 +144,10 @@ def test_suite_runs_every_task_with_numbers_in_range(tmp_path):
         for measure in get_task(task).measures(s[task]):
             value, interval = measure.value(s[task]), measure.interval and measure.interval(s[task])
             if interval is not None:
-                assert interval[0] - 1e-9 <= value <= interval[1] + 1e-9 and interval[0] < interval[1] or (
-                    interval[0] == interval[1] == value
+                assert (
+                    interval[0] - 1e-9 <= value <= interval[1] + 1e-9
+                    and interval[0] < interval[1]
+                    or (interval[0] == interval[1] == value)
                 ), (task, measure.name, value, interval)
                 with_interval += 1
     assert with_interval >= 10
