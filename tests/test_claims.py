@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -35,6 +36,8 @@ from difftransformer.compare.verdict import (
 from difftransformer.models import DiffTransformerConfig
 from difftransformer.stats import wilson_interval
 from test_compare import planted_suite
+
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 
 
 @pytest.mark.parametrize(
@@ -305,3 +308,16 @@ def test_gap_curves_pair_seeds_and_steps():
     assert m1 == pytest.approx(0.2) and s1 == pytest.approx(math.sqrt(0.02))
     assert m2 == pytest.approx(-0.15) and s2 == pytest.approx(math.sqrt(0.005))
     assert gaps["diff_v2"] == [(100, pytest.approx(0.1), None)]
+
+
+@pytest.mark.parametrize("study", sorted(p.parent.name for p in RESULTS.glob("*/results.json")))
+def test_the_committed_results_recorded_before_intervals_still_judge_every_claim(study):
+    runs = json.loads((RESULTS / study / "results.json").read_text())["runs"]
+    records = [RunRecord(**{**run, "folder": Path(run["folder"])}) for run in runs]
+    variants = parse_variants(",".join(dict.fromkeys(record.variant for record in records)))
+    report = Report(study)
+    claims_section(report, records, variants, records[0].scale, None)
+    sentences = verdict_sentences(records, variants, records[0].scale)
+    assert len(sentences) > 5 and all(WITHIN_NOISE not in s and "[" not in s for s in sentences), sentences[
+        :3
+    ]

@@ -247,6 +247,14 @@ def _at(length: str, pairs: str) -> str:
     return f"{length} tokens, {pairs} pairs"
 
 
+def current_summary(summary: dict) -> dict:
+    """``summary`` in today's form: summaries written before the attention allocation was read held only
+    pairs -> accuracy."""
+    if "accuracy" in summary or "by_length" in summary:
+        return summary
+    return dict(accuracy=dict(summary), answer_share=None, context_share=None)
+
+
 class MqarTask(Task):
     """Multi-query associative recall on raw vocabulary ids."""
 
@@ -337,6 +345,7 @@ class MqarTask(Task):
         return dict(by_length=by_length, allocation=allocation, intervals=intervals)
 
     def columns(self, summary: dict) -> list[Column]:
+        summary = current_summary(summary)
         if "by_length" in summary:
             columns = [
                 Column(_at(length, pairs), accuracy, 2)
@@ -377,6 +386,7 @@ class MqarTask(Task):
         return text
 
     def chart(self, summary: dict) -> Chart:
+        summary = current_summary(summary)
         if "by_length" in summary:
             return self._length_chart(summary)
         pairs = list(summary["accuracy"])
@@ -406,6 +416,19 @@ class MqarTask(Task):
                      xlabel="sequence length (tokens)")  # fmt: skip
 
     def measures(self, summary: dict) -> list[Measure]:
+        if current_summary(summary) is summary:
+            return self._measures(summary)
+        # An older summary: every measure reads it in today's form.
+        return [
+            measure._replace(
+                value=lambda s, f=measure.value: f(current_summary(s)),
+                at_chance=measure.at_chance and (lambda s, f=measure.at_chance: f(current_summary(s))),
+                interval=measure.interval and (lambda s, f=measure.interval: f(current_summary(s))),
+            )
+            for measure in self._measures(current_summary(summary))
+        ]
+
+    def _measures(self, summary: dict) -> list[Measure]:
         if "by_length" in summary:
             return self._length_measures(summary)
 
