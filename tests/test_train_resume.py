@@ -116,6 +116,8 @@ def test_provenance_records_only_invocations_that_train_and_a_damaged_checkpoint
     assert main([*argv, "--max-steps", "2"]) == 0
     entries = lambda: len(json.loads((run / PROVENANCE_JSON).read_text())["invocations"])  # noqa: E731
     assert entries() == 1
+    # the saved tokenizer truncates to the model's context (64: the block size), as a Hub model's does
+    assert json.loads((run / "tokenizer_config.json").read_text())["model_max_length"] == 64
     assert main([*argv, "--max-steps", "2", "--resume"]) == 0  # complete: nothing trained, nothing recorded
     assert entries() == 1
     weights = run / "checkpoint-2" / "model.safetensors"

@@ -155,7 +155,10 @@ def resume_note(output_dir: str, settings: dict) -> str | None:
         return str(value)
 
     changes = "; ".join(f"{flag(name)} {shown(old)} then, {shown(new)} now" for name, old, new in differ)
-    return f"--resume: {output_dir} was trained so far with other settings ({changes}); the steps from here on follow the new ones"
+    return (
+        f"--resume: {output_dir} was trained so far with other settings ({changes}); the steps from here on follow "
+        "the new ones"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -175,9 +178,8 @@ def run(args: argparse.Namespace) -> int:
     if run_options.init_from:
         pretrained = initial_model(run_options.init_from, run_options.attention, seed=settings.seed)
     prepared = prepare_preset_data(preset, data, settings.seed)
-    train_dataset = (
-        prepared.train_dataset
-    )  # the mix checks its rows against the data: before anything is recorded
+    # The mix checks its rows against the vocabulary as it is built: before anything is recorded.
+    train_dataset = prepared.train_dataset
     model = (
         pretrained
         if pretrained is not None
