@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-slow lint demo study study-scaling study-retrieval study-retrieval-long study-upcycle bench clean hub test-serving
+.PHONY: test test-slow lint demo demo-check study study-scaling study-retrieval study-retrieval-long study-upcycle bench clean hub test-serving
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,8 +25,18 @@ test-slow: $(STAMP)
 
 # DIFF and its matched Transformer on the built-in corpus with MQAR and induction rows mixed in (the retrieval
 # preset, one seed: the first seed of make study-retrieval); every evaluation task that fits its 64-token blocks.
+DEMO_RUNS ?= runs/demo
 demo: $(STAMP)
-	$(PY) -m difftransformer compare --preset retrieval --output-dir runs/demo
+	$(PY) -m difftransformer compare --preset retrieval --output-dir $(DEMO_RUNS)
+
+# make demo from scratch (runs/demo-check, removed first: nothing reused), then its report's claims against the
+# README's demo table (scripts/demo_check.py): fails naming each row whose numbers or verdict moved. Run it before
+# any change that moves numerics or sampling is submitted.
+DEMO_CHECK_RUNS ?= runs/demo-check
+demo-check: $(STAMP)
+	rm -rf $(DEMO_CHECK_RUNS)
+	$(MAKE) demo DEMO_RUNS=$(DEMO_CHECK_RUNS)
+	$(PY) scripts/demo_check.py $(DEMO_CHECK_RUNS)/report.md README.md
 
 # The small-scale study of docs/results/study: DIFF as the paper specifies it, without its per-head norm, DIFF V2 and
 # the Transformer, 2 seeds each (about an hour on 2 CPU cores).

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -29,11 +30,14 @@ from transformers import AutoTokenizer
 from difftransformer import cli
 from difftransformer.compare import cli as compare_cli
 from difftransformer.compare.runs import plan_comparison
+from difftransformer.convert import cli as convert_cli
+from difftransformer.convert.upcycle import initial_model, load_softmax
 from difftransformer.data.tokenizer import TOKENIZER_FILES
 from difftransformer.eval.common import load_model_and_tokenizer
 from difftransformer.flags import INT64
 from difftransformer.generate import load_model
 from difftransformer.train.cli import resolved_preset, training_options
+from difftransformer.train.presets import PRESETS
 from difftransformer.train.provenance import record_provenance
 from helpers import random_model
 from test_train_support import small_tokenizer, synthetic_texts
@@ -328,8 +332,10 @@ def test_generate_refuses_exactly_the_invalid_numeric_combinations(
     prompt = len(
         AutoTokenizer.from_pretrained(models["diff"])("the king", add_special_tokens=False)["input_ids"]
     )
+    sampling_options = (top_k is not None and top_k != 0) or (top_p is not None and top_p != 0)
     valid = (1 <= new_tokens <= CONTEXT - prompt and temperature >= 0 and (top_k is None or top_k >= 1)
-             and (top_p is None or 0 < top_p <= 1) and 0 <= seed < 2**32)  # fmt: skip
+             and (top_p is None or 0 < top_p <= 1) and 0 <= seed < 2**32
+             and not (sampling_options and temperature == 0))  # top-k/top-p only sample  # fmt: skip
     assert outcome(argv, capsys) == ("reached" if valid else "refused"), argv
 
 
@@ -549,3 +555,191 @@ def test_eval_task_refusals_name_the_flag_given(argv, names, not_named, models, 
     line = err.strip().splitlines()[-1]
     assert "Traceback" not in err and line.startswith("difftransformer eval: error: ")
     assert names in line and not_named not in line, line
+
+
+# ---- issue 39: combinations of flags, and folders whose config was edited after saving ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--length-schedule", "0:3"], "--length-schedule 0:3: rows of 3 tokens cannot hold MQAR rows"),
+        (["--length-schedule", "0:3"], "give every length at least 12 tokens"),
+        (["--length-schedule", "-1:32"], "each STEP:TOKENS needs STEP >= 0"),
+        (["--length-schedule", "0:32,10:128"], "beyond the block size 64 (--block-size)"),
+        (["--length-schedule", "0:64,10:32"], "got 0:64,10:32"),  # STEP:TOKENS as given, not Python tuples
+        (["--block-size", "256"], "give --max-position-embeddings 256 or more with it, or a block size up to 128"),
+        (["--block-size", "16"], "--block-size 16: rows of 16 tokens cannot hold MQAR rows of 8 key-value pairs"),
+        (["--block-size", "256", "--length-schedule", "0:32,10:512", "--max-position-embeddings", "256"],
+         "beyond the block size 256"),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("command", ["train", "compare"])
+def test_schedules_block_sizes_and_a_presets_own_limits_combine_or_are_refused_naming_the_flags(
+    command, flags, says, models, workdir, capsys
+):
+    before = snapshot(workdir)
+    argv = [command, "--preset", "retrieval", "--output-dir", "out", "--report-to", "none", *flags]
+    line = refused(argv, capsys)
+    assert says in line and "`" not in line and "(0, " not in line, line
+    assert snapshot(workdir) == before
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--length-schedule", "0:12,10:64"],
+        ["--block-size", "128"],
+        ["--block-size", "256", "--max-position-embeddings", "256", "--length-schedule", "0:64,10:256"],
+    ],
+)
+@pytest.mark.parametrize("command", ["train", "compare"])
+def test_schedules_and_block_sizes_within_a_presets_limits_reach_the_work(
+    command, flags, models, workdir, capsys
+):
+    argv = [command, "--preset", "retrieval", "--output-dir", "out", "--report-to", "none", *flags]
+    assert outcome(argv, capsys) == "reached"
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_takes_block_sizes_up_to_its_own_context_and_names_it_beyond(preset, workdir, capsys):
+    limit = PRESETS[preset].max_position_embeddings
+    argv = ["train", "--preset", preset, "--output-dir", "out", "--report-to", "none", "--max-steps", "1"]
+    if limit is None:  # the saved model admits the block size it was trained on, whatever it is
+        assert outcome([*argv, "--block-size", str(2 * PRESETS[preset].block_size)], capsys) == "reached"
+        return
+    assert outcome([*argv, "--block-size", str(limit)], capsys) == "reached"
+    line = refused([*argv, "--block-size", str(limit + 1)], capsys)
+    assert f"--block-size {limit + 1}" in line and f"--max-position-embeddings {limit + 1} or more" in line, (
+        line
+    )
+    wider = [*argv, "--block-size", str(limit + 1), "--max-position-embeddings", str(limit + 1)]
+    assert outcome(wider, capsys) == "reached"
+
+
+def prompt_of(tokens: int, folder: Path) -> str:
+    """A prompt of exactly ``tokens`` tokens for the tokenizer in ``folder``."""
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    for words in range(1, 4 * tokens):
+        text = " ".join(["the"] * words)
+        if len(tokenizer(text, add_special_tokens=False)["input_ids"]) == tokens:
+            return text
+    raise AssertionError(f"no prompt of {tokens} tokens")
+
+
+def test_generate_with_a_prompt_at_the_context_limit_says_how_long_the_prompt_may_be(models, workdir, capsys):
+    model = str(models["diff"])
+    full = prompt_of(CONTEXT, models["diff"])
+    line = refused(["generate", model, "--prompt", full, "--max-new-tokens", "1"], capsys)
+    assert (
+        f"the prompt ({CONTEXT} tokens)" in line
+        and f"shorten the prompt to at most {CONTEXT - 1} tokens" in line
+    )
+    assert "at most 0" not in line, line
+    line = refused(["generate", model, "--prompt", full, "--max-new-tokens", "8"], capsys)
+    assert f"at most {CONTEXT - 8} tokens (at most {CONTEXT - 1} with --max-new-tokens 1)" in line, line
+    nearly = prompt_of(CONTEXT - 1, models["diff"])
+    assert outcome(["generate", model, "--prompt", nearly, "--max-new-tokens", "1"], capsys) == "reached"
+    line = refused(["generate", model, "--prompt", nearly, "--max-new-tokens", "2"], capsys)
+    assert "lower --max-new-tokens to at most 1" in line, line
+
+
+@pytest.mark.parametrize("option", [["--top-k", "5"], ["--top-p", "0.9"]])
+def test_generate_refuses_sampling_options_that_greedy_decoding_would_ignore(option, models, workdir, capsys):
+    argv = ["generate", str(models["diff"]), "--prompt", "the king", "--max-new-tokens", "8", *option]
+    line = refused(argv, capsys)
+    assert f"{option[0]} {option[1]}" in line and "--temperature" in line, line
+    assert outcome([*argv, "--temperature", "1"], capsys) == "reached"
+
+
+def test_convert_names_an_output_folder_that_is_a_file(models, workdir, capsys):
+    line = refused(["convert", "--to-llama", str(models["softmax"]), "--output-dir", FILE], capsys)
+    assert "is a file" in line and "already holds files" not in line, line
+
+
+# Config values no model can have (refused by the config class), and values that disagree with the saved weights
+# (refused by the strict loading): (field, value), for the tiny DIFF V1 (2 heads, 3 layers, hidden 32,
+# intermediate 48) and softmax (4 heads) folders of the fixture. Values that change the function without changing
+# a tensor (rope_style, the rotary base, lambda_init, causal) cannot be told from the weights.
+OUT_OF_RANGE = [("vocab_size", 0), ("vocab_size", -1), ("vocab_size", "x"), ("hidden_size", 0),
+                ("intermediate_size", 0), ("num_hidden_layers", 0), ("num_attention_heads", 0),
+                ("num_key_value_heads", 0), ("num_key_value_heads", 3), ("map_dim", 0), ("attention", "bogus"),
+                ("rope_style", "bogus"), ("subln", "bogus"), ("subln_eps", 0), ("subln_eps", "x"),
+                ("lambda_init", "x"), ("lambda_std", -1), ("lambda_std", "x"), ("rms_norm_eps", 0),
+                ("rms_norm_eps", -1e-5), ("rope_parameters", {"rope_type": "bogus"}), ("max_position_embeddings", 0),
+                ("max_position_embeddings", -1), ("initializer_range", -1), ("causal", "x"),
+                ("attention_backend", "bogus"), ("use_cache", "x"), ("tie_word_embeddings", "x"),
+                ("pad_token_id", -1), ("eos_token_id", 10**6), ("bos_token_id", "x")]  # fmt: skip
+OUT_OF_STEP = {
+    "diff": [("vocab_size", 400), ("hidden_size", 64), ("intermediate_size", 64), ("num_hidden_layers", 2),
+             ("num_hidden_layers", 4), ("num_attention_heads", 1), ("num_attention_heads", 4),
+             ("num_key_value_heads", 1), ("map_dim", 16), ("attention", "softmax"), ("attention", "diff_v2"),
+             ("subln", "plain"), ("subln", "none"), ("tie_word_embeddings", True)],
+    "softmax": [("vocab_size", 400), ("hidden_size", 64), ("intermediate_size", 64), ("num_hidden_layers", 2),
+                ("num_hidden_layers", 4), ("num_key_value_heads", 2), ("attention", "diff"),
+                ("attention", "diff_v2"), ("tie_word_embeddings", True)],
+}  # fmt: skip
+# Every command that opens a model folder, by the kind it takes: its command line (FOLDER stands for the folder)
+# and the stop the test lifts so that the folder is really opened.
+OPENERS = {
+    "diff": [
+        (["eval", "mqar", "--model", "FOLDER"], "difftransformer.eval.common.load_model_and_tokenizer",
+         load_model_and_tokenizer),
+        (["generate", "FOLDER", "--prompt", "the king", "--max-new-tokens", "2"],
+         "difftransformer.generate_cli.load_model", load_model),
+        (["convert", "--to-diffllama", "FOLDER", "--output-dir", "converted"], "difftransformer.convert.cli._ours",
+         convert_cli._ours),
+        (["train", "--preset", "micro", "--output-dir", "run", "--report-to", "none", "--init-from", "FOLDER"],
+         "difftransformer.train.cli.initial_model", initial_model),
+    ],
+    "softmax": [
+        (["convert", "--to-llama", "FOLDER", "--output-dir", "converted"], "difftransformer.convert.cli._ours",
+         convert_cli._ours),
+        (["convert", "--from-llama", "FOLDER", "--attention", "diff_v2", "--output-dir", "upcycled"],
+         "difftransformer.convert.cli.load_softmax", load_softmax),
+        (["train", "--preset", "micro", "--output-dir", "run", "--report-to", "none", "--init-from", "FOLDER",
+          "--attention", "diff"], "difftransformer.train.cli.initial_model", initial_model),
+    ],
+}  # fmt: skip
+MUTATED = [
+    (kind, opener, field, value)
+    for kind in OPENERS
+    for opener in range(len(OPENERS[kind]))
+    for field, value in [*OUT_OF_RANGE, *OUT_OF_STEP[kind]]
+]
+
+
+@pytest.fixture(scope="module")
+def mutated_folders(models, tmp_path_factory) -> dict[tuple[str, str, str], Path]:
+    """A copy of each fixture folder with one config.json field set to each value of OUT_OF_RANGE and OUT_OF_STEP."""
+    folders = {}
+    for kind in OPENERS:
+        for field, value in [*OUT_OF_RANGE, *OUT_OF_STEP[kind]]:
+            folder = tmp_path_factory.mktemp(f"{kind}-{field}")
+            shutil.copytree(models[kind], folder, dirs_exist_ok=True)
+            config = json.loads((folder / "config.json").read_text())
+            config[field] = value
+            (folder / "config.json").write_text(json.dumps(config))
+            folders[kind, field, repr(value)] = folder
+    return folders
+
+
+@pytest.mark.parametrize(
+    ("kind", "opener", "field", "value"),
+    MUTATED,
+    ids=[f"{k}-{' '.join(OPENERS[k][o][0][:2])}-{f}={v!r}" for k, o, f, v in MUTATED],
+)
+def test_a_folder_whose_config_was_edited_out_of_range_or_out_of_step_is_refused_by_every_command(
+    kind, opener, field, value, mutated_folders, workdir, monkeypatch, capsys
+):
+    argv, stop, real = OPENERS[kind][opener]
+    folder = str(mutated_folders[kind, field, repr(value)])
+    monkeypatch.setattr(stop, real)  # the folder is really opened
+    before = snapshot(workdir)
+    capsys.readouterr()
+    assert cli.main([folder if word == "FOLDER" else word for word in argv]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if not line.startswith("Loading weights")]
+    assert "Traceback" not in err and len(lines) == 1, err  # transformers' loading table is not shown either
+    assert lines[0].startswith(f"difftransformer {argv[0]}: error: ") and "cannot load the" in lines[0], lines
+    assert snapshot(workdir) == before  # nothing converted, trained or evaluated

@@ -16,7 +16,7 @@ from difftransformer.compare.runs import run_comparison
 from difftransformer.compare.scaling import fit_power_law, matching_ratio
 from difftransformer.compare.suite_report import suite_sections, task_table
 from difftransformer.eval import suite
-from difftransformer.eval.registry import TASKS, parse_tasks
+from difftransformer.eval.registry import TASKS, get_task, parse_tasks
 from difftransformer.models import DiffTransformerForCausalLM
 from difftransformer.train.cli import resolved_preset, training_options
 from difftransformer.train.mixture import RecallMix
@@ -83,7 +83,9 @@ def test_compare_writes_report_and_plots(tmp_path):
     runs = json.loads((tmp_path / "results.json").read_text())["runs"]
     for run in runs:
         assert list(run["suite"]["summary"]) == list(TASKS)
-        assert list(run["suite"]["summary"]["needle"]) == ["1:1", "2:1"]
+        needle = run["suite"]["summary"]["needle"]
+        assert list(needle) == ["1:1", "2:1", "intervals"]  # each accuracy's 95% sampling interval beside it
+        assert all(low <= needle[config] <= high for config, (low, high) in needle["intervals"].items())
         assert json.loads((tmp_path / "runs" / f"micro-{run['variant']}-seed{run['seed']}" / "evaluation.json")
                           .read_text())["suite"] == run["suite"]  # fmt: skip
     assert sorted((r["variant"], r["seed"]) for r in runs) == [
@@ -134,7 +136,21 @@ def test_suite_runs_every_task_with_numbers_in_range(tmp_path):
     for task in TASKS:
         assert (tmp_path / task / f"{task}.json").is_file(), task
     s = result["summary"]
-    assert list(s["needle"]) == ["1:1", "2:2"] and all(0 <= v <= 1 for v in s["needle"].values())
+    needle = {config: v for config, v in s["needle"].items() if config != "intervals"}
+    assert list(needle) == ["1:1", "2:2"] and all(0 <= v <= 1 for v in needle.values())
+    # Every accuracy and share a measure reads carries its 95% sampling interval, around the value.
+    with_interval = 0
+    for task in TASKS:
+        for measure in get_task(task).measures(s[task]):
+            value, interval = measure.value(s[task]), measure.interval and measure.interval(s[task])
+            if interval is not None:
+                assert (
+                    interval[0] - 1e-9 <= value <= interval[1] + 1e-9
+                    and interval[0] < interval[1]
+                    or (interval[0] == interval[1] == value)
+                ), (task, measure.name, value, interval)
+                with_interval += 1
+    assert with_interval >= 10
     # An untrained model spreads attention: the 200-token haystack outweighs the one needle.
     assert 0 < s["attention"]["answer"] < s["attention"]["context"] <= 1
     for key in ("attention_logits", "hidden_states"):

@@ -151,7 +151,9 @@ def grid_summary(level: float) -> dict:
         if 4 * n <= length
     ]
     shares = [dict(tokens=length, num_pairs=2, answer=level / 2, context=1 - level) for length in (16, 64)]
-    return mqar.TASK.summarise(dict(task="mqar", lengths=[16, 64], rows=rows, skipped=[], allocation=shares))
+    return mqar.TASK.summarise(
+        dict(task="mqar", sequences=64, lengths=[16, 64], rows=rows, skipped=[], allocation=shares)
+    )
 
 
 def test_the_grid_summary_table_chart_and_measures_agree():

@@ -64,18 +64,20 @@ def test_list_and_tuple_fields_take_comma_separated_and_repeated_values():
     assert given(vars(flags.parse_args(["--sections", "op,train"])), Example) == {"sections": ("op", "train")}
     with pytest.raises(argparse.ArgumentError, match="invalid choice 'bogus'"):
         flags.parse_args(["--sections", "op,bogus"])
+    with pytest.raises(argparse.ArgumentError, match="'1,,2' holds an empty value between commas"):
+        flags.parse_args(["--lengths", "1,,2"])
 
 
 def test_numbers_beyond_int64_and_non_finite_floats_are_refused_by_the_parser():
     flags = parser()
     assert flags.parse_args(["--num-pairs", str(INT64[1])]).num_pairs == INT64[1]
-    for argv in (
-        ["--num-pairs", str(INT64[1] + 1)],
-        ["--rate", "nan"],
-        ["--rate", "1e400"],
-        ["--num-pairs", "x"],
+    for argv, says in (
+        (["--num-pairs", str(INT64[1] + 1)], r"beyond the integers a flag takes, \[-2\*\*63, 2\*\*63 - 1\]"),
+        (["--rate", "nan"], "invalid"),
+        (["--rate", "1e400"], "invalid"),
+        (["--num-pairs", "x"], "invalid"),
     ):
-        with pytest.raises(argparse.ArgumentError, match="invalid"):
+        with pytest.raises(argparse.ArgumentError, match=says):
             flags.parse_args(argv)
 
 
@@ -134,3 +136,15 @@ def test_argparse_errors_are_one_line_with_exit_status_2(capsys):
     assert err.count("\n") == 1 and err.startswith(
         "difftransformer demo: error: argument --count: invalid int"
     )
+
+
+def test_a_value_starting_with_a_minus_sign_and_a_digit_reaches_its_option(capsys):
+    # argparse's private _negative_number_matcher, widened by CommandParser: "-1:32" is a value, not an option, so
+    # the option's own check says what is wrong with it (and names the flag, not the field)
+    command = CommandParser(prog="difftransformer demo")
+    add_flags(command, Example, only_given=True, list_items=True)
+    assert command.parse_args(["--pairs", "-1:2", "--lengths", "-3,4", "--rate", "-.5"]).pairs == [(-1, 2)]
+    assert command.parse_args(["--lengths", "-3,4"]).lengths == [-3, 4]
+    with pytest.raises(SystemExit):  # a flag's own parser names its field, as library code does
+        command.error("argument --num-pairs: `num_pairs` must be positive")
+    assert "argument --num-pairs: --num-pairs must be positive" in capsys.readouterr().err

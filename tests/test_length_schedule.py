@@ -37,8 +37,22 @@ def test_schedule_is_checked_and_scales_the_pairs():
     vocabulary = mqar_vocabulary(512)
     with pytest.raises(UsageError, match="beyond the block size 128"):
         RecallMix(**MIX, length_schedule=((0, 64), (10, 256))).check(128, vocabulary)
-    with pytest.raises(UsageError, match="`length` must be >= 12"):  # an induction row needs 12 tokens
-        RecallMix(**MIX, length_schedule=((0, 8), (10, 128))).check(128, vocabulary)
+    # An induction row needs 12 tokens: refused with the options (check_schedule), saying what length works.
+    with pytest.raises(
+        UsageError, match=r"0:8,10:128: rows of 8 tokens cannot hold induction rows .* at least 12"
+    ):
+        RecallMix(**MIX, length_schedule=((0, 8), (10, 128))).check_schedule(128)
+    # MQAR's pairs scale with the length: 16 pairs at 64 tokens need all 64, and the fix names the shortest length
+    # that holds both kinds.
+    with pytest.raises(
+        UsageError, match=r"MQAR rows of 1 key-value pair and its query \(4 tokens\) nor induction"
+    ):
+        RecallMix(**MIX, length_schedule=((0, 3),)).check_schedule(128)
+    with pytest.raises(UsageError, match="only lengths of 4-6, 8-9, 12 tokens hold them"):
+        RecallMix(mqar_fraction=0.5, mqar_pairs=(2, 40), length_schedule=((0, 100),)).check_schedule(128)
+    with pytest.raises(UsageError, match="no length up to the block size holds them"):
+        RecallMix(mqar_fraction=0.5, mqar_pairs=(2, 400), length_schedule=((0, 100),)).check_schedule(128)
+    RecallMix(**MIX, length_schedule=((0, 12), (10, 128))).check(128, vocabulary)
 
 
 def test_rows_have_the_current_length():

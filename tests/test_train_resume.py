@@ -3,16 +3,18 @@ run leaves it alone, and the folder's refusals reach the command line as one-lin
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from difftransformer.cli import main
 from difftransformer.train.checkpoints import COMPLETE_MARKER
 from difftransformer.train.lock import LOCK_NAME
+from difftransformer.train.provenance import PROVENANCE_JSON
 from difftransformer.train.runner import METRICS_CSV, SUMMARY_JSON, train_model
 from test_train import StopAt, config_for, options, train_losses
 from test_train_support import synthetic_texts
@@ -104,3 +106,28 @@ def test_a_folder_locked_by_a_live_run_is_refused_in_one_line(train_command, cap
     err = capsys.readouterr().err.strip()
     assert err.startswith("difftransformer train: error: ") and f"process {owner.pid}" in err
     assert len(err.splitlines()) == 1
+
+
+def test_provenance_records_only_invocations_that_train_and_a_damaged_checkpoint_is_refused(
+    train_command, capsys
+):
+    argv, run = train_command
+    argv = [*argv, "--save-steps", "1"]
+    assert main([*argv, "--max-steps", "2"]) == 0
+    entries = lambda: len(json.loads((run / PROVENANCE_JSON).read_text())["invocations"])  # noqa: E731
+    assert entries() == 1
+    # the saved tokenizer truncates to the model's context (64: the block size), as a Hub model's does
+    assert json.loads((run / "tokenizer_config.json").read_text())["model_max_length"] == 64
+    assert main([*argv, "--max-steps", "2", "--resume"]) == 0  # complete: nothing trained, nothing recorded
+    assert entries() == 1
+    weights = run / "checkpoint-2" / "model.safetensors"
+    tensors = load_file(weights)
+    tensors.pop("model.norm.weight")
+    save_file(tensors, weights, metadata={"format": "pt"})
+    capsys.readouterr()
+    assert main([*argv, "--max-steps", "3", "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(
+        "difftransformer train: error: --resume: the checkpoint's weights do not match"
+    ) and ("1 missing (model.norm.weight)" in err and "--output-dir" in err), err
+    assert entries() == 1 and not (run / "checkpoint-3").exists()

@@ -30,6 +30,7 @@ def run(job: dict) -> dict:
             enable_prefix_caching=job.get("prefix_caching", True),
             skip_tokenizer_init=True,
             seed=0,
+            tensor_parallel_size=job.get("tensor_parallel_size", 1),
         )
     except Exception as error:  # noqa: BLE001 - the test reads the refusal
         return {"error": f"{type(error).__name__}: {error}"}

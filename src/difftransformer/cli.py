@@ -50,10 +50,24 @@ BACKTICKED = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
 
 
 class CommandParser(argparse.ArgumentParser):
-    """An argparse parser whose errors are one line (``difftransformer train: error: ...``), exit status 2."""
+    """An argparse parser whose errors are one line (``difftransformer train: error: ...``), exit status 2, and
+    which takes a value that starts with a minus sign and a digit (``--length-schedule -1:32``, ``--seeds -1,2``)
+    as the value it is, so that the option's own check says what is wrong with it (argparse takes only plain
+    negative numbers so, through its private ``_negative_number_matcher``; tests/test_flags.py checks it)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\d[\d.,:eE+-]*$|^-\.\d+$")
 
     def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+        spellings = {
+            action.dest: next((s for s in action.option_strings if "_" not in s), action.option_strings[0])
+            for action in self._actions
+            if action.option_strings
+        }  # a flag's own parser names its field, as library code does
+        self.exit(
+            2, f"{self.prog}: error: {with_flags(one_line(message), spellings)} (see {self.prog} --help)\n"
+        )
 
 
 def one_line(message: str) -> str:

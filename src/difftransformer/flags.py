@@ -55,10 +55,10 @@ INT64 = (-(2**63), 2**63 - 1)
 
 def integer(text: str) -> int:
     """An argparse type: an integer within int64, the widest that torch, NumPy and the kernels take (argparse
-    says "invalid integer value" otherwise)."""
+    says "invalid integer value" for a word that is no integer, and what the range is for one beyond it)."""
     value = int(text)
     if not INT64[0] <= value <= INT64[1]:
-        raise ValueError(f"{text} lies outside int64")
+        raise argparse.ArgumentTypeError(f"{text} lies beyond the integers a flag takes, [-2**63, 2**63 - 1]")
     return value
 
 
@@ -94,7 +94,10 @@ def _items(kind: Callable[[str], Any]) -> Callable[[str], list]:
     """An argparse type reading one command-line word as comma-separated ``kind`` values."""
 
     def parse(text: str) -> list:
-        return [kind(item.strip()) for item in text.split(",") if item.strip()]
+        items = [item.strip() for item in text.split(",")]
+        if text.strip() and not all(items):
+            raise argparse.ArgumentTypeError(f"{text!r} holds an empty value between commas")
+        return [kind(item) for item in items if item]
 
     parse.__name__ = getattr(kind, "__name__", "value")  # argparse names the type in its "invalid" message
     return parse

@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 from transformers import (
     AutoConfig,
-    AutoModelForCausalLM,
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -23,9 +22,9 @@ from transformers import (
 )
 
 import difftransformer  # noqa: F401  (registers the "difftransformer" model type with the Auto classes)
-from difftransformer.convert.folders import load_folder
 from difftransformer.data.tokenizer import load_tokenizer
 from difftransformer.errors import UsageError, check_seed
+from difftransformer.models.folders import load_model_folder, open_folder
 from difftransformer.storage import check_input_dir
 
 
@@ -63,6 +62,12 @@ class GenerationSettings:
             raise UsageError(f"`top_k` must be >= 1; got {self.top_k}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise UsageError(f"`top_p` must be in (0, 1]; got {self.top_p}")
+        sampling = [f"`{name}` {getattr(self, name)}" for name in ("top_k", "top_p") if getattr(self, name)]
+        if sampling and self.temperature == 0:
+            raise UsageError(
+                f"{' and '.join(sampling)} choose among tokens when sampling, but `temperature` 0 decodes greedily; "
+                "give `temperature` > 0 with them (1 samples from the model's distribution), or leave them out"
+            )
         check_seed(self.seed)
 
 
@@ -77,13 +82,14 @@ def load_for_generation(
         raise UsageError(f"`model` must be a folder with config.json (a trained run); got {str(model_dir)!r}")
     if tokenizer_dir is not None:
         check_input_dir(tokenizer_dir, "tokenizer", "a saved tokenizer")
-    config = load_folder(AutoConfig.from_pretrained, model_dir, local_files_only=True)
+    config = open_folder(AutoConfig.from_pretrained, model_dir, thing="config", local_files_only=True)
     return config, load_tokenizer(tokenizer_dir or model_dir, field="tokenizer" if tokenizer_dir else "model")
 
 
 def load_model(model_dir: str | os.PathLike) -> PreTrainedModel:
-    """The model of a trained folder, in eval mode; damaged weights (missing, truncated) are refused in one line."""
-    return load_folder(AutoModelForCausalLM.from_pretrained, model_dir, local_files_only=True).eval()
+    """The model of a trained folder, in eval mode; damaged weights (missing, truncated, disagreeing with
+    config.json) are refused in one line."""
+    return load_model_folder(model_dir, local_files_only=True).eval()
 
 
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> torch.Tensor:
@@ -97,10 +103,16 @@ def check_context(config: PretrainedConfig, prompt_tokens: int, settings: Genera
     lengths beyond the context): positions past it were never trained, and our models refuse them."""
     limit = getattr(config, "max_position_embeddings", None)
     if limit and prompt_tokens + settings.max_new_tokens > limit:
+        room = limit - prompt_tokens
+        fix = (
+            f"lower `max_new_tokens` to at most {room} or shorten the prompt"
+            if room >= 1
+            else f"shorten the prompt to at most {limit - settings.max_new_tokens} tokens (at most {limit - 1} "
+            "with `max_new_tokens` 1)"
+        )
         raise UsageError(
             f"the prompt ({prompt_tokens} tokens) and `max_new_tokens` {settings.max_new_tokens} exceed the model's "
-            f"max_position_embeddings = {limit}; shorten the prompt or lower `max_new_tokens` to at most "
-            f"{max(limit - prompt_tokens, 0)}"
+            f"max_position_embeddings = {limit}; {fix}"
         )
 
 

@@ -40,9 +40,10 @@ def cache_dir() -> Path:
 
 
 def check_output_dir(path: str | os.PathLike, field: str) -> Path:
-    """Refuse, creating nothing, an output folder that cannot be created or written: ``path`` (the value of the
+    """Refuse an output folder that cannot be created or written, leaving nothing behind: ``path`` (the value of the
     option ``field``) must be a writable folder or not exist yet under a writable folder. A UsageError naming
-    ``field`` says which (a file, a path under a file, no permission). Commands call it for every output location
+    ``field`` says which (a file, a path under a file, no permission, a disk that refuses: the folder is made and a
+    file written and removed there, then what was made is removed again). Commands call it for every output location
     before any work, so that a bad location never loses a finished result."""
     path = Path(path).expanduser()
     if path.exists() and not path.is_dir():
@@ -58,7 +59,33 @@ def check_output_dir(path: str | os.PathLike, field: str) -> Path:
         raise UsageError(
             f"`{field}` {str(path)!r} cannot be written: no write permission in {str(existing)!r}"
         )
+    _probe(path, field)
     return path
+
+
+def _probe(path: Path, field: str) -> None:
+    """Make ``path`` (with its missing parents), write and remove a file in it, then remove the folders made: what
+    permissions do not show (a read-only mount, a pseudo file system, a full disk) is refused now."""
+    made: list[Path] = []
+    try:
+        for folder in [*reversed(path.parents), path]:
+            if not folder.exists():
+                folder.mkdir()
+                made.append(folder)
+        fd, probe = tempfile.mkstemp(prefix=".write-probe.", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise UsageError(
+            f"`{field}` {str(path)!r} cannot be written: {err.strerror or err} ({err.filename or path}); choose a "
+            "folder on a writable disk"
+        ) from err
+    finally:
+        for folder in reversed(made):
+            try:
+                folder.rmdir()
+            except OSError:
+                pass  # something else wrote there meanwhile: it is theirs
 
 
 def check_output_file(path: str | os.PathLike, field: str) -> Path:

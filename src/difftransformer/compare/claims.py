@@ -11,10 +11,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from difftransformer.compare.document import mean_spread
 from difftransformer.compare.scaling import fit_power_law, matching_ratio
 from difftransformer.compare.verdict import AT_CHANCE, Verdict, judge
 from difftransformer.eval import paper
 from difftransformer.eval.registry import get_task, task_names
+from difftransformer.stats import Interval, mean_interval
 from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.recall import RECALL_THRESHOLD, steps_to_recall
 from difftransformer.train.runner import METRICS_CSV
@@ -26,7 +28,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Claim:
     """One measured claim: its name, what the paper reports, which way is better, the digits shown, its value in
-    one run (None where the run has none), whether one run sits at chance level and what chance is."""
+    one run (None where the run has none), whether one run sits at chance level and what chance is, and the value's
+    95% sampling interval in one run (None where the measure or the run has none)."""
 
     name: str
     paper: str
@@ -35,22 +38,41 @@ class Claim:
     value: Callable[[RunRecord], float | None]
     at_chance: Callable[[RunRecord], bool] | None = None
     chance: str = ""
+    interval: Callable[[RunRecord], Interval | None] | None = None
 
 
 @dataclass(frozen=True)
 class Judgement:
-    """A claim judged for one variant against the baseline: the per-seed values of both and the verdict."""
+    """A claim judged for one variant against the baseline: the per-seed values of both, the verdict, and each
+    run's sampling interval where the measure has them."""
 
     values: list[float]
     baseline: list[float]
     verdict: Verdict
     chance: str = ""
+    intervals: list[Interval | None] | None = None
+    baseline_intervals: list[Interval | None] | None = None
+
+    def values_text(self, digits: int, variant_label: str, baseline_label: str) -> str:
+        """Both models' values, "DIFF 0.85 [0.81, 0.89] vs Transformer 0.99 [0.96, 1.00]": the mean (± the seed
+        spread with several seeds) and the 95% sampling interval of the mean, where the measure has one."""
+        return (
+            f"{variant_label} {values_with_interval(self.values, self.intervals, digits)} vs {baseline_label} "
+            f"{values_with_interval(self.baseline, self.baseline_intervals, digits)}"
+        )
 
     def verdict_text(self) -> str:
         """The verdict, with what chance is when both models sit at it."""
         if self.verdict.word == AT_CHANCE and self.chance:
             return f"{AT_CHANCE} (both at chance: {self.chance})"
         return self.verdict.word
+
+
+def values_with_interval(values: list[float], intervals: list[Interval | None] | None, digits: int) -> str:
+    """'m' or 'm ± s' (the seed spread), then '[low, high]', the 95% sampling interval of the mean, when known."""
+    text = mean_spread(values, digits)
+    found = mean_interval(values, intervals) if intervals is not None else None
+    return text if found is None else f"{text} [{found[0]:.{digits}f}, {found[1]:.{digits}f}]"
 
 
 LOSS_CLAIM = Claim(
@@ -100,14 +122,16 @@ def task_claims(records: Sequence[RunRecord], with_paper_only: bool = True) -> l
         for measure in get_task(name).measures(first[name]):
             if with_paper_only and not measure.paper:
                 continue
-            at_chance = None
+            at_chance, interval = None, None
             if measure.at_chance is not None:
                 at_chance = lambda record, m=measure, n=name: m.at_chance(record.suite["summary"][n])  # noqa: E731
+            if measure.interval is not None:
+                interval = lambda record, m=measure, n=name: m.interval(record.suite["summary"][n])  # noqa: E731
             claims.append(
                 Claim(
                     measure.name, measure.paper, measure.higher_is_better, measure.digits,
                     lambda record, m=measure, n=name: m.value(record.suite["summary"][n]),
-                    at_chance, measure.chance,
+                    at_chance, measure.chance, interval,
                 )
             )  # fmt: skip
     return claims
@@ -120,8 +144,13 @@ def judge_claim(claim: Claim, runs: Sequence[RunRecord], baseline: Sequence[RunR
     if not values or not reference or any(v is None for v in [*values, *reference]):
         return None
     at_chance = claim.at_chance is not None and all(claim.at_chance(r) for r in [*runs, *baseline])
-    verdict = judge(values, reference, higher_is_better=claim.higher_is_better, at_chance=at_chance)
-    return Judgement(values, reference, verdict, claim.chance)
+    intervals = [claim.interval(r) for r in runs] if claim.interval is not None else None
+    baseline_intervals = [claim.interval(r) for r in baseline] if claim.interval is not None else None
+    verdict = judge(
+        values, reference, higher_is_better=claim.higher_is_better, at_chance=at_chance,
+        diff_intervals=intervals, baseline_intervals=baseline_intervals,
+    )  # fmt: skip
+    return Judgement(values, reference, verdict, claim.chance, intervals, baseline_intervals)
 
 
 def matching_ratios(records: Sequence[RunRecord], variant: str, baseline: str, by: str) -> list[float]:

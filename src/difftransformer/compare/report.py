@@ -54,10 +54,7 @@ def _runs(records: Sequence[RunRecord], spec: str, scale: str | None = None) -> 
 
 
 def _ours(judgement: Judgement, digits: int, baseline_label: str, variant_label: str) -> str:
-    return (
-        f"{variant_label} {mean_spread(judgement.values, digits)} vs {baseline_label} "
-        f"{mean_spread(judgement.baseline, digits)}"
-    )
+    return judgement.values_text(digits, variant_label, baseline_label)
 
 
 def _parameters_differ(

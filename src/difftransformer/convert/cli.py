@@ -12,18 +12,13 @@ from pathlib import Path
 from typing import Literal
 
 from difftransformer.convert.diffllama import from_diffllama, to_diffllama
-from difftransformer.convert.folders import (
-    ConversionError,
-    check_output,
-    load_folder,
-    model_type,
-    save_converted,
-)
+from difftransformer.convert.folders import ConversionError, check_output, model_type, save_converted
 from difftransformer.convert.llama import to_llama
 from difftransformer.convert.upcycle import UPCYCLE_KINDS, load_softmax, upcycle
 from difftransformer.errors import UsageError, check_seed
 from difftransformer.flags import add_flags, given
 from difftransformer.models import DiffTransformerConfig, DiffTransformerForCausalLM
+from difftransformer.models.folders import load_model_folder
 from difftransformer.storage import check_input_dir, check_output_dir
 
 DIRECTIONS = ("from_diffllama", "to_diffllama", "from_llama", "to_llama")
@@ -106,19 +101,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, ConvertOptions, only_given=True)
 
 
-def _ours(source: Path, flag: str) -> DiffTransformerForCausalLM:
-    """Our model saved in ``source``, refusing a folder of another model type."""
+def _ours(source: Path, field: str) -> DiffTransformerForCausalLM:
+    """Our model saved in ``source`` (the option ``field``), refusing a folder of another model type."""
     found = model_type(source)
     if found != DiffTransformerConfig.model_type:
         raise ConversionError(
-            f"{flag} converts our own models (model_type 'difftransformer'); {source} holds model_type {found!r}"
+            f"`{field}` converts our own models (model_type 'difftransformer'); {source} holds model_type {found!r}"
             + (
                 " (use `from_llama` or `from_diffllama` to import it)"
                 if found in ("llama", "diffllama")
                 else ""
             )
         )
-    return load_folder(DiffTransformerForCausalLM.from_pretrained, source, dtype="auto")
+    return load_model_folder(source, DiffTransformerForCausalLM, what=field, dtype="auto")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -137,9 +132,9 @@ def run(args: argparse.Namespace) -> int:
             load_softmax(source, rope_style=options.rope_style), options.attention, seed=options.seed
         )
     elif options.to_diffllama:
-        converted = to_diffllama(_ours(source, "`to_diffllama`"))
+        converted = to_diffllama(_ours(source, "to_diffllama"))
     else:
-        converted = to_llama(_ours(source, "`to_llama`"))
+        converted = to_llama(_ours(source, "to_llama"))
     save_converted(converted, source, output)
     print(f"wrote {type(converted).__name__} to {output}")
     return 0

@@ -18,10 +18,11 @@ import torch
 from transformers import DiffLlamaConfig, DiffLlamaForCausalLM, PreTrainedConfig, PreTrainedModel
 from transformers.core_model_loading import revert_weight_conversion
 
-from difftransformer.convert.folders import ConversionError, load_folder, model_type
+from difftransformer.convert.folders import ConversionError, model_type
 from difftransformer.errors import UsageError
 from difftransformer.layers import interleaved_to_half_permutation
 from difftransformer.models import DiffTransformerConfig, DiffTransformerForCausalLM
+from difftransformer.models.folders import load_model_folder, open_folder
 
 
 def _maps_first_to_adjacent(weight: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
@@ -54,8 +55,8 @@ def load_native(
     found = model_type(path)
     if found != model_class.config_class.model_type:
         raise ConversionError(f"source must be a {name} checkpoint; its model_type is {found!r}")
-    check(load_folder(model_class.config_class.from_pretrained, path))
-    return load_folder(model_class.from_pretrained, path, **load)
+    check(open_folder(model_class.config_class.from_pretrained, path, what="source", thing="config"))
+    return load_model_folder(path, model_class, what="source", **load)
 
 
 def llama_family_fields(config: DiffTransformerConfig) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""Model folders as conversions read and write them: a config read before any weights, loading that fails in one
-line, an output folder that can never be the input, and a result moved into place only once it is whole."""
+"""Model folders as conversions read and write them: a config read before any weights (loading itself is
+:mod:`difftransformer.models.folders`', strict and failing in one line), an output folder that can never be the
+input, and a result moved into place only once it is whole."""
 
 from __future__ import annotations
 
@@ -7,11 +8,8 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from safetensors import SafetensorError
 from transformers import PreTrainedModel
 
 from difftransformer.errors import MissingInputError, UsageError
@@ -50,16 +48,6 @@ def model_type(folder: str | Path) -> str:
     return fields["model_type"]
 
 
-def load_folder(load: Callable[..., PreTrainedModel], folder: str | Path, **options: Any) -> PreTrainedModel:
-    """``load(folder, **options)`` (a ``from_pretrained``), its failures on a damaged folder (weights missing or
-    truncated, a config its class refuses) turned into a one-line :class:`ConversionError`."""
-    try:
-        return load(folder, **options)
-    except (OSError, SafetensorError, ValueError, KeyError, TypeError) as err:
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConversionError(f"cannot load the model in {folder}: {first_line}") from err
-
-
 def check_output(source: Path, output: Path) -> None:
     """Refuse an ``output`` folder that is ``source``, lies inside it or holds it, or already holds files: a
     conversion never writes into its input nor over anything."""
@@ -68,7 +56,9 @@ def check_output(source: Path, output: Path) -> None:
         raise ConversionError(f"`output_dir` must lie outside the source folder {source}; got {output}")
     if output in source.parents:
         raise ConversionError(f"`output_dir` must not contain the source folder {source}; got {output}")
-    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+    if output.exists() and not output.is_dir():
+        raise ConversionError(f"`output_dir` must be a new or empty folder; {output} is a file")
+    if output.exists() and any(output.iterdir()):
         raise ConversionError(f"`output_dir` must be a new or empty folder; {output} already holds files")
 
 

@@ -37,10 +37,11 @@ from pathlib import Path
 import torch
 from transformers import LlamaForCausalLM
 
-from difftransformer.convert.folders import ConversionError, load_folder, model_type
+from difftransformer.convert.folders import ConversionError, model_type
 from difftransformer.convert.llama import from_llama
 from difftransformer.errors import UsageError
 from difftransformer.models import DiffTransformerConfig, DiffTransformerForCausalLM
+from difftransformer.models.folders import load_model_folder
 
 UPCYCLE_KINDS: tuple[str, ...] = ("softmax", "diff_v2", "diff")
 
@@ -62,7 +63,7 @@ def load_softmax(
                 f"source must be a Llama-family folder (model_type 'llama') or our softmax model; {source} holds "
                 f"model_type {found!r}"
             )
-        source = load_folder(DiffTransformerForCausalLM.from_pretrained, source, dtype="auto")
+        source = load_model_folder(source, DiffTransformerForCausalLM, what="source", dtype="auto")
     if source.config.attention != "softmax":
         raise ConversionError(
             f"source must be a softmax model to upcycle; got attention={source.config.attention!r} (already "
@@ -150,7 +151,7 @@ def initial_model(
     own model when ``attention`` is None or its kind, else a softmax or Llama-family source upcycled to
     ``attention`` (``seed`` draws DIFF V1's lambda vectors)."""
     if model_type(source) == DiffTransformerConfig.model_type:
-        ours = load_folder(DiffTransformerForCausalLM.from_pretrained, source, dtype=torch.float32)
+        ours = load_model_folder(source, DiffTransformerForCausalLM, what="init_from", dtype=torch.float32)
         if attention is None or attention == ours.config.attention:
             return ours
         return upcycle(load_softmax(ours), attention, seed=seed)

@@ -47,9 +47,9 @@ from difftransformer.eval.haystack import (
 )
 from difftransformer.eval.maps import Panels, allocation, attention_maps, check_head, heatmap_panels
 from difftransformer.eval.options import at_least, option
-from difftransformer.eval.task import Chart, Column, Measure, Panel, SuiteContext, Task
+from difftransformer.eval.task import Chart, Column, Measure, Panel, SuiteContext, Task, interval_at
 from difftransformer.plotting import pyplot, save_figure
-from difftransformer.stats import mean
+from difftransformer.stats import bootstrap_interval, mean
 from difftransformer.storage import write_json
 
 
@@ -117,6 +117,9 @@ def run_attention(
             for key in collected[0]:
                 layers = np.mean([c[key] for c in collected], axis=0)
                 entry[key] = float(layers.mean())
+                entry[key + "_by_sample"] = [
+                    float(c[key].mean()) for c in collected
+                ]  # for its sampling interval
                 if options.per_layer:
                     entry[key + "_per_layer"] = layers.tolist()
             by_depth.append(entry)
@@ -204,8 +207,16 @@ class AttentionTask(Task):
         return run_attention(model, tokenizer, texts, options, output_dir=output_dir, progress=progress)
 
     def summarise(self, results: dict) -> dict:
+        """The shares averaged over depths and, under ``intervals``, their bootstrap intervals over the samples
+        (every depth has as many, so their mean is the average over depths)."""
         depths = results["by_depth"]
-        return {key: mean([e[key] for e in depths]) for key in ("answer", "context")}
+        summary: dict[str, Any] = {key: mean([e[key] for e in depths]) for key in ("answer", "context")}
+        intervals = {
+            key: bootstrap_interval([value for e in depths for value in e.get(f"{key}_by_sample", [])])
+            for key in ("answer", "context")
+        }
+        summary["intervals"] = {key: list(found) for key, found in intervals.items() if found is not None}
+        return summary
 
     def columns(self, summary: dict) -> list[Column]:
         return [
@@ -228,9 +239,10 @@ class AttentionTask(Task):
 
     def measures(self, summary: dict) -> list[Measure]:
         return [
-            Measure("attention on the answer needle", lambda s: s["answer"], True, 3, paper=paper.ANSWER_SHARE),
+            Measure("attention on the answer needle", lambda s: s["answer"], True, 3, paper=paper.ANSWER_SHARE,
+                    interval=lambda s: interval_at(s, "answer")),
             Measure("attention on the rest of the context (noise)", lambda s: s["context"], False, 3,
-                    paper=paper.CONTEXT_SHARE),
+                    paper=paper.CONTEXT_SHARE, interval=lambda s: interval_at(s, "context")),
         ]  # fmt: skip
 
 

@@ -40,19 +40,23 @@ def load_model_and_tokenizer(
     """Load any local transformers causal LM (ours, a Llama, a DiffLlama) and its tokenizer, in eval mode.
 
     Raises a :class:`~difftransformer.errors.UsageError` naming the path when it is not a checkpoint directory or
-    has no tokenizer, before any weights are read, and one naming the folder when transformers cannot load it;
+    has no tokenizer, before any weights are read, and one naming the folder when transformers cannot load it or its
+    weights disagree with its config (:func:`~difftransformer.models.folders.load_model_folder`);
     ``what`` is the option that named the folder (``model``, a judge's ``judge``), for the messages.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     import difftransformer  # noqa: F401  (registers model_type "difftransformer" with the Auto classes)
     from difftransformer.data.tokenizer import TOKENIZER_FILES
+    from difftransformer.models.folders import load_model_folder, open_folder
 
     path = Path(path)
     if not (path / "config.json").is_file():
         raise MissingInputError(
             f"`{what}` must be a checkpoint directory with a config.json; got {str(path)!r}"
         )
+    # The config first: a value out of its bounds is refused before anything else reads the folder.
+    config = open_folder(AutoConfig.from_pretrained, path, what=what, thing="config")
     tokenizer = None
     if need_tokenizer:
         if not any((path / name).is_file() for name in TOKENIZER_FILES):
@@ -60,7 +64,9 @@ def load_model_and_tokenizer(
                 f"`{what}` {str(path)!r} has no tokenizer (expected one of {', '.join(TOKENIZER_FILES)}); "
                 "save the tokenizer next to the weights (tokenizer.save_pretrained(path))"
             )
-        tokenizer = _loaded(AutoTokenizer.from_pretrained, path, what, "tokenizer")
+        tokenizer = open_folder(
+            AutoTokenizer.from_pretrained, path, what=what, thing="tokenizer", config=config
+        )
     torch_dtype = getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype):
         raise UsageError(f"`dtype` must be a torch dtype name such as float32 or bfloat16; got {dtype!r}")
@@ -73,20 +79,8 @@ def load_model_and_tokenizer(
         raise UsageError(f"`device` must name a torch device such as cpu or cuda; got {device!r}") from err
     if target.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"`device` {device}: CUDA is not available on this machine")
-    model = _loaded(AutoModelForCausalLM.from_pretrained, path, what, "model", **kwargs)
+    model = load_model_folder(path, what=what, **kwargs)
     return model.to(target).eval(), tokenizer
-
-
-def _loaded(load, path: Path, option: str, what: str, **kwargs: Any) -> Any:
-    """``load(path, **kwargs)`` (a ``from_pretrained``); what transformers or safetensors refuse in a damaged or
-    foreign folder (a config it cannot read, weights missing or truncated) becomes a one-line UsageError."""
-    from safetensors import SafetensorError
-
-    try:
-        return load(path, **kwargs)
-    except (OSError, ValueError, KeyError, SafetensorError) as err:
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UsageError(f"`{option}` {str(path)!r}: cannot load the {what}: {first_line}") from err
 
 
 def is_difftransformer(model: nn.Module) -> bool:

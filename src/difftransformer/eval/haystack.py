@@ -22,6 +22,7 @@ from difftransformer.eval.common import capped, check_context_length, max_contex
 from difftransformer.eval.generation import greedy_ids
 from difftransformer.eval.options import counts, distinct, not_empty, option, seeded
 from difftransformer.flags import integer_pairs
+from difftransformer.stats import wilson_interval
 
 DEFAULT_DEPTHS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -187,3 +188,15 @@ def accuracy_by_config(cells: Sequence[dict], pairs: Sequence[tuple[int, int]]) 
         f"{n}:{r}": float(np.mean([c["accuracy"] for c in cells if (c["needles"], c["queries"]) == (n, r)]))
         for n, r in pairs
     }
+
+
+def interval_by_config(cells: Sequence[dict], samples: int) -> dict[str, list[float]]:
+    """The 95% Wilson interval of each "N:R"'s accuracy (:func:`accuracy_by_config`): every cell asks ``samples`` x
+    R numbers, so the accuracy averaged over its cells is their pooled share of hits."""
+    pooled: dict[str, list[int]] = {}
+    for cell in cells:
+        trials = samples * cell["queries"]
+        counts = pooled.setdefault(f"{cell['needles']}:{cell['queries']}", [0, 0])
+        counts[0] += round(cell["accuracy"] * trials)
+        counts[1] += trials
+    return {config: list(wilson_interval(hits, trials)) for config, (hits, trials) in pooled.items()}

@@ -34,9 +34,9 @@ from difftransformer.errors import MissingInputError, UsageError
 from difftransformer.eval import chance, paper
 from difftransformer.eval.common import check_context_length, max_context, model_device
 from difftransformer.eval.options import MOST, at_least, at_most, counts, distinct, not_empty, option, seeded
-from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task
+from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task, interval_at
 from difftransformer.plotting import pyplot, save_figure
-from difftransformer.stats import mean
+from difftransformer.stats import mean, mean_interval, wilson_interval
 from difftransformer.storage import write_json
 
 
@@ -371,6 +371,14 @@ def load_source(options: IclOptions) -> LabelledData:
     return synthetic_task(seed=options.seed)
 
 
+def _averaged_interval(summary: dict) -> tuple[float, float] | None:
+    """The interval of the accuracy averaged over shot counts (each count's Wilson interval, combined as if the
+    counts were scored on independent examples)."""
+    shots = list(summary["accuracy"])
+    found = [interval_at(summary, "accuracy", k) for k in shots]
+    return mean_interval([summary["accuracy"][k] for k in shots], found)
+
+
 # Best accuracy over shot counts within chance.CLASSIFICATION_MARGIN of guessing counts as "at chance" (the order
 # spread then means nothing).
 
@@ -408,7 +416,14 @@ class IclTask(Task):
         return run_icl(model, tokenizer, data, options, output_dir=output_dir, progress=progress)
 
     def summarise(self, results: dict) -> dict:
+        trials = results["test_size"]  # every shot count asks the same test examples
         return dict(
+            intervals=dict(
+                accuracy={
+                    str(c["shots"]): list(wilson_interval(round(c["accuracy"] * trials), trials))
+                    for c in results["curve"]
+                }
+            ),
             accuracy={str(c["shots"]): c["accuracy"] for c in results["curve"]},
             spread={mode: r["spread"] for mode, r in results["order_robustness"].items()},
             chance=1 / len(results["labels"]),
@@ -436,7 +451,8 @@ class IclTask(Task):
     def measures(self, summary: dict) -> list[Measure]:
         return [
             Measure("in-context accuracy averaged over shot counts", lambda s: mean(list(s["accuracy"].values())),
-                    True, 2, paper=paper.ICL_ACCURACY, at_chance=_at_chance, chance=chance.CLASSIFICATION),
+                    True, 2, paper=paper.ICL_ACCURACY, at_chance=_at_chance, chance=chance.CLASSIFICATION,
+                    interval=_averaged_interval),
             Measure("order spread averaged over random and grouped orderings",
                     lambda s: mean(list(s["spread"].values())) if s["spread"] else None, False, 2,
                     paper=paper.ICL_ORDER, at_chance=_at_chance, chance=chance.CLASSIFICATION),

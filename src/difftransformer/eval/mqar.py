@@ -36,9 +36,9 @@ from difftransformer.eval.common import check_context_length, max_context, model
 from difftransformer.eval.maps import allocation, attention_maps
 from difftransformer.eval.options import MOST, at_least, at_most, counts, distinct, not_empty, option, seeded
 from difftransformer.eval.recall import key_vocabulary, recall_accuracy
-from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task
+from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task, interval_at
 from difftransformer.plotting import pyplot, save_figure
-from difftransformer.stats import mean
+from difftransformer.stats import bootstrap_interval, mean, mean_interval, wilson_interval
 from difftransformer.storage import write_json
 
 
@@ -122,7 +122,8 @@ def run_mqar(
 
     Returns ``rows`` (per setting scored: ``num_pairs``, ``num_queries``, ``tokens``, ``accuracy``), ``skipped``
     (the cells of a grid whose length cannot hold their pairs, with the reason) and ``allocation`` (per length:
-    ``tokens``, ``num_pairs``, ``answer``, ``context``; with one length per pair count, the smallest count's)."""
+    ``tokens``, ``num_pairs``, ``answer``, ``context``, and each sequence's shares under ``answer_by_sequence`` and
+    ``context_by_sequence``, for their sampling intervals; with one length per pair count, the smallest count's)."""
     vocabulary = key_vocabulary(
         int(model.config.vocab_size), tokenizer, options.first_id, max(options.num_pairs)
     )
@@ -148,8 +149,20 @@ def run_mqar(
             size = min(options.batch_size, options.allocation - start)
             for key, values in mqar_allocation(model, make_mqar_batch(rng, size, cell, vocabulary)).items():
                 read[key] += values
+        # Every sequence asks cell.queries keys: the mean of its queries is the unit a bootstrap resamples.
+        by_sequence = {
+            f"{key}_by_sequence": [
+                mean(values[i : i + cell.queries]) for i in range(0, len(values), cell.queries)
+            ]
+            for key, values in read.items()
+        }
         shares.append(
-            dict(tokens=cell.tokens, num_pairs=cell.num_pairs, **{k: mean(v) for k, v in read.items()})
+            dict(
+                tokens=cell.tokens,
+                num_pairs=cell.num_pairs,
+                **{k: mean(v) for k, v in read.items()},
+                **by_sequence,
+            )
         )
     results = dict(
         task="mqar", sequences=options.sequences, seed=options.seed, lengths=options.lengths,
@@ -234,6 +247,14 @@ def _at(length: str, pairs: str) -> str:
     return f"{length} tokens, {pairs} pairs"
 
 
+def current_summary(summary: dict) -> dict:
+    """``summary`` in today's form: summaries written before the attention allocation was read held only
+    pairs -> accuracy."""
+    if "accuracy" in summary or "by_length" in summary:
+        return summary
+    return dict(accuracy=dict(summary), answer_share=None, context_share=None)
+
+
 class MqarTask(Task):
     """Multi-query associative recall on raw vocabulary ids."""
 
@@ -282,25 +303,49 @@ class MqarTask(Task):
     def summarise(self, results: dict) -> dict:
         """One length per pair count: ``accuracy`` (pairs -> accuracy) and the smallest count's
         ``answer_share`` and ``context_share``. A grid: ``by_length`` (length -> pairs -> accuracy, the cells
-        scored) and ``allocation`` (length -> ``num_pairs``, ``answer``, ``context``)."""
+        scored) and ``allocation`` (length -> ``num_pairs``, ``answer``, ``context``). ``intervals``: Wilson
+        intervals of the accuracies over their queries (every sequence asks the same number), bootstrap intervals
+        over sequences of the shares, under the same keys."""
         shares = results.get("allocation") or []
+
+        def accuracy_interval(row: dict) -> list[float]:
+            trials = results["sequences"] * row["num_queries"]
+            return list(wilson_interval(round(row["accuracy"] * trials), trials))
+
+        def share_intervals(entry: dict) -> dict:
+            found = {
+                key: bootstrap_interval(entry.get(f"{key}_by_sequence", [])) for key in ("answer", "context")
+            }
+            return {key: list(interval) for key, interval in found.items() if interval is not None}
+
         if results.get("lengths") is None:
             first = shares[0] if shares else {}
+            intervals = dict(accuracy={str(r["num_pairs"]): accuracy_interval(r) for r in results["rows"]})
+            intervals.update({f"{key}_share": value for key, value in share_intervals(first).items()})
             return dict(
                 accuracy={str(r["num_pairs"]): r["accuracy"] for r in results["rows"]},
                 answer_share=first.get("answer"),
                 context_share=first.get("context"),
+                intervals=intervals,
             )
         by_length: dict[str, dict[str, float]] = {}
+        accuracy_intervals: dict[str, dict[str, list[float]]] = {}
         for row in results["rows"]:
             by_length.setdefault(str(row["tokens"]), {})[str(row["num_pairs"])] = row["accuracy"]
+            accuracy_intervals.setdefault(str(row["tokens"]), {})[str(row["num_pairs"])] = accuracy_interval(
+                row
+            )
         allocation = {
             str(e["tokens"]): dict(num_pairs=e["num_pairs"], answer=e["answer"], context=e["context"])
             for e in shares
         }
-        return dict(by_length=by_length, allocation=allocation)
+        intervals = dict(
+            by_length=accuracy_intervals, allocation={str(e["tokens"]): share_intervals(e) for e in shares}
+        )
+        return dict(by_length=by_length, allocation=allocation, intervals=intervals)
 
     def columns(self, summary: dict) -> list[Column]:
+        summary = current_summary(summary)
         if "by_length" in summary:
             columns = [
                 Column(_at(length, pairs), accuracy, 2)
@@ -341,6 +386,7 @@ class MqarTask(Task):
         return text
 
     def chart(self, summary: dict) -> Chart:
+        summary = current_summary(summary)
         if "by_length" in summary:
             return self._length_chart(summary)
         pairs = list(summary["accuracy"])
@@ -370,11 +416,33 @@ class MqarTask(Task):
                      xlabel="sequence length (tokens)")  # fmt: skip
 
     def measures(self, summary: dict) -> list[Measure]:
+        if current_summary(summary) is summary:
+            return self._measures(summary)
+        # An older summary: every measure reads it in today's form.
+        return [
+            measure._replace(
+                value=lambda s, f=measure.value: f(current_summary(s)),
+                at_chance=measure.at_chance and (lambda s, f=measure.at_chance: f(current_summary(s))),
+                interval=measure.interval and (lambda s, f=measure.interval: f(current_summary(s))),
+            )
+            for measure in self._measures(current_summary(summary))
+        ]
+
+    def _measures(self, summary: dict) -> list[Measure]:
         if "by_length" in summary:
             return self._length_measures(summary)
 
         def accuracy(pairs: str):
             return lambda s: s["accuracy"].get(pairs)
+
+        def accuracy_interval(pairs: str):
+            return lambda s: interval_at(s, "accuracy", pairs)
+
+        def averaged_interval(s: dict):
+            cells = list(s["accuracy"])
+            return mean_interval(
+                [s["accuracy"][p] for p in cells], [interval_at(s, "accuracy", p) for p in cells]
+            )
 
         def at_chance(pairs: str):
             return lambda s: chance.exact_at_chance(s["accuracy"].get(pairs))
@@ -384,20 +452,22 @@ class MqarTask(Task):
 
         measures = [
             Measure(f"MQAR accuracy, {pairs} key-value pairs", accuracy(pairs), True, 2, paper.RETRIEVAL,
-                    at_chance=at_chance(pairs), chance=chance.MQAR)
+                    at_chance=at_chance(pairs), chance=chance.MQAR, interval=accuracy_interval(pairs))
             for pairs in summary["accuracy"]
         ]  # fmt: skip
         measures.append(
             Measure("MQAR accuracy averaged over pair counts", lambda s: mean(list(s["accuracy"].values())),
-                    True, 2, at_chance=recalls_nothing, chance=chance.MQAR)
+                    True, 2, at_chance=recalls_nothing, chance=chance.MQAR, interval=averaged_interval)
         )  # fmt: skip
         if summary["answer_share"] is not None:
             # Where neither model recalls, where it looks says nothing about retrieval.
             measures += [
                 Measure("attention on the queried pair (MQAR)", lambda s: s["answer_share"], True, 3,
-                        paper.ANSWER_SHARE, at_chance=recalls_nothing, chance=chance.NO_RECALL),
+                        paper.ANSWER_SHARE, at_chance=recalls_nothing, chance=chance.NO_RECALL,
+                        interval=lambda s: interval_at(s, "answer_share")),
                 Measure("attention on the rest of the context (MQAR)", lambda s: s["context_share"], False, 3,
-                        paper.CONTEXT_SHARE, at_chance=recalls_nothing, chance=chance.NO_RECALL),
+                        paper.CONTEXT_SHARE, at_chance=recalls_nothing, chance=chance.NO_RECALL,
+                        interval=lambda s: interval_at(s, "context_share")),
             ]  # fmt: skip
         return measures
 
@@ -408,6 +478,14 @@ class MqarTask(Task):
 
         def averaged(length: str):
             return lambda s: mean(list(s["by_length"][length].values())) if length in s["by_length"] else None
+
+        def averaged_interval(length: str):
+            def interval(s: dict):
+                cells = s["by_length"].get(length, {})
+                found = [interval_at(s, "by_length", length, pairs) for pairs in cells]
+                return mean_interval(list(cells.values()), found)
+
+            return interval
 
         def recalls_nothing(length: str):
             return lambda s: (
@@ -430,22 +508,26 @@ class MqarTask(Task):
             held = pairs[0] if len(pairs) == 1 else f"{pairs[0]}-{pairs[-1]}"
             measures.append(
                 Measure(f"MQAR accuracy at {length} tokens ({held} key-value pairs, averaged)", averaged(length),
-                        True, 2, paper.RETRIEVAL, at_chance=recalls_nothing(length), chance=chance.MQAR)
+                        True, 2, paper.RETRIEVAL, at_chance=recalls_nothing(length), chance=chance.MQAR,
+                        interval=averaged_interval(length))
             )  # fmt: skip
             if length in summary["allocation"]:
                 fewest = summary["allocation"][length]["num_pairs"]
                 measures += [
                     Measure(f"attention on the queried pair (MQAR, {length} tokens, {fewest} pairs)",
                             share(length, "answer"), True, 3, paper.ANSWER_SHARE, at_chance=recalls_nothing(length),
-                            chance=chance.NO_RECALL),
+                            chance=chance.NO_RECALL, interval=lambda s, n=length: interval_at(s, "allocation", n,
+                                                                                               "answer")),
                     Measure(f"attention on the rest of the context (MQAR, {length} tokens, {fewest} pairs)",
                             share(length, "context"), False, 3, paper.CONTEXT_SHARE,
-                            at_chance=recalls_nothing(length), chance=chance.NO_RECALL),
+                            at_chance=recalls_nothing(length), chance=chance.NO_RECALL,
+                            interval=lambda s, n=length: interval_at(s, "allocation", n, "context")),
                 ]  # fmt: skip
         for length, cells in summary["by_length"].items():
             measures += [
                 Measure(f"MQAR accuracy, {pairs} key-value pairs at {length} tokens", cell(length, pairs), True, 2,
-                        at_chance=cell_at_chance(length, pairs), chance=chance.MQAR)
+                        at_chance=cell_at_chance(length, pairs), chance=chance.MQAR,
+                        interval=lambda s, n=length, p=pairs: interval_at(s, "by_length", n, p))
                 for pairs in cells
             ]  # fmt: skip
         return measures

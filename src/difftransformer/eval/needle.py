@@ -19,12 +19,13 @@ from difftransformer.eval.haystack import (
     NeedleGrid,
     accuracy_by_config,
     fit_needle_lengths,
+    interval_by_config,
     needle_cells,
     parse_needle_configs,
     require_needles_fit,
     validate_needle_run,
 )
-from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task
+from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task, interval_at
 from difftransformer.plotting import pyplot, save_figure
 from difftransformer.storage import write_json
 
@@ -116,10 +117,18 @@ class NeedleTask(Task):
         return run_needle(model, tokenizer, texts, options, output_dir=output_dir, progress=progress)
 
     def summarise(self, results: dict) -> dict:
-        return results["by_config"]
+        """Accuracy per "N:R" and, under ``intervals``, its Wilson interval over the numbers asked."""
+        return {
+            **results["by_config"],
+            "intervals": interval_by_config(results["cells"], results["samples"]),
+        }
+
+    @staticmethod
+    def _configs(summary: dict) -> list[str]:
+        return [key for key in summary if key != "intervals"]
 
     def columns(self, summary: dict) -> list[Column]:
-        return [Column(f"N:R={config}", accuracy, 2) for config, accuracy in summary.items()]
+        return [Column(f"N:R={config}", summary[config], 2) for config in self._configs(summary)]
 
     def describe(self, options: dict) -> str:
         return (
@@ -137,8 +146,8 @@ class NeedleTask(Task):
         return [
             Measure(f"retrieval accuracy N:R={config}", lambda s, c=config: s[c], True, 2,
                     paper=paper.needle_accuracy(config), at_chance=lambda s, c=config: chance.exact_at_chance(s[c]),
-                    chance=chance.NEEDLE)
-            for config in summary
+                    chance=chance.NEEDLE, interval=lambda s, c=config: interval_at(s, c))
+            for config in self._configs(summary)
         ]  # fmt: skip
 
 

@@ -31,6 +31,7 @@ from difftransformer.eval.haystack import (
     NeedleGrid,
     accuracy_by_config,
     fit_needle_lengths,
+    interval_by_config,
     needle_cells,
     needles_problem,
     validate_needle_run,
@@ -38,8 +39,9 @@ from difftransformer.eval.haystack import (
 from difftransformer.eval.logits import attention_logits, visible_keys
 from difftransformer.eval.options import MOST, at_least, at_most, counts, distinct, not_empty, option
 from difftransformer.eval.recall import key_vocabulary, recall_accuracy
-from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task
+from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task, interval_at
 from difftransformer.plotting import pyplot, save_figure
+from difftransformer.stats import mean_interval, wilson_interval
 from difftransformer.storage import write_json
 
 GRANULARITIES: tuple[str, ...] = ("tensor", "head", "row")
@@ -168,14 +170,19 @@ def run_quant(
         with attention_logits(model, QuantizeLogits(width, options.granularity)):
             row = dict(bits=width, loss=mean_token_nll(model, sequences, batch_size=1))
             if stream is not None:
-                by_config = accuracy_by_config(
-                    needle_cells(model, tokenizer, stream, options, False), options.pairs
-                )
+                cells = needle_cells(model, tokenizer, stream, options, False)
+                by_config = accuracy_by_config(cells, options.pairs)
                 row["needle_accuracy"] = float(np.mean(list(by_config.values())))
                 row["needle_by_config"] = by_config
+                intervals = interval_by_config(cells, options.samples)
+                row["needle_interval"] = mean_interval(
+                    list(by_config.values()), [intervals[c] for c in by_config]
+                )
             if recall is not None:
                 rng = np.random.default_rng([options.seed, options.mqar_pairs])
                 row["mqar_accuracy"] = recall_accuracy(model, *recall, MQAR_SEQUENCES, 16, rng)
+                trials = MQAR_SEQUENCES * recall[1].queries
+                row["mqar_interval"] = wilson_interval(round(row["mqar_accuracy"] * trials), trials)
         rows.append(row)
     results = dict(
         task="quant", granularity=options.granularity, length=options.length,
@@ -248,6 +255,12 @@ class QuantTask(Task):
                 loss=row["loss"],
                 needle_accuracy=row.get("needle_accuracy"),
                 mqar_accuracy=row.get("mqar_accuracy"),
+                # each accuracy's 95% interval (Wilson over the numbers and queries asked)
+                intervals={
+                    key: list(row[f"{key.removesuffix('_accuracy')}_interval"])
+                    for key in ("needle_accuracy", "mqar_accuracy")
+                    if row.get(f"{key.removesuffix('_accuracy')}_interval") is not None
+                },
             )
             for row in results["rows"]
         }
@@ -298,7 +311,8 @@ class QuantTask(Task):
             measures.append(
                 Measure(f"needle accuracy with {bits}-bit attention logits", lambda s: s[bits]["needle_accuracy"],
                         True, 2, paper=paper.LOW_BIT,
-                        at_chance=lambda s: chance.exact_at_chance(s[bits]["needle_accuracy"]), chance=chance.NEEDLE)
+                        at_chance=lambda s: chance.exact_at_chance(s[bits]["needle_accuracy"]), chance=chance.NEEDLE,
+                        interval=lambda s: interval_at(s[bits], "needle_accuracy"))
             )  # fmt: skip
         if "mqar_accuracy" in checks:
             # The paper's two widths: where DIFF holds (6) and where both drop (4).
@@ -307,7 +321,7 @@ class QuantTask(Task):
                     Measure(f"MQAR accuracy with {bits}-bit attention logits (4 pairs)",
                             lambda s, b=bits: s[b]["mqar_accuracy"], True, 2, paper=paper.LOW_BIT,
                             at_chance=lambda s, b=bits: chance.exact_at_chance(s[b]["mqar_accuracy"]),
-                            chance=chance.MQAR)
+                            chance=chance.MQAR, interval=lambda s, b=bits: interval_at(s[b], "mqar_accuracy"))
                 )  # fmt: skip
         return measures
 

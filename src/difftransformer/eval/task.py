@@ -18,7 +18,8 @@ The three data shapes a task produces:
   result exactly when they are unchanged;
 - *results*: what :meth:`Task.run` returns and writes to OUTPUT_DIR/<name>.json (with its plots beside);
 - *summary*: the few numbers a reader compares between models (:meth:`Task.summarise`), JSON-able, the input of
-  the table, the chart and the measures.
+  the table, the chart and the measures; beside every accuracy and share, under ``"intervals"`` and the same keys,
+  its 95% sampling interval as ``[low, high]`` (:func:`interval_at` reads it).
 """
 
 from __future__ import annotations
@@ -52,7 +53,10 @@ class Measure(NamedTuple):
     the paper makes no claim about it); a measure with a claim becomes a row of compare's claims table.
     ``at_chance``: whether one run's model sits at chance level on this measure (both models at chance in every
     run make the measure "not measurable here"); ``chance`` says what chance is, e.g. "accuracy 0.00: a 3-digit
-    number is not guessed".
+    number is not guessed". ``interval``: the value's 95% sampling interval in one summary (None where that run's
+    summary has none, as results written before intervals were recorded): Wilson for an accuracy, a bootstrap over
+    sequences for an attention share (:mod:`difftransformer.stats`); compare's verdict never counts a difference
+    inside it.
     """
 
     name: str
@@ -62,6 +66,20 @@ class Measure(NamedTuple):
     paper: str = ""
     at_chance: Callable[[dict], bool] | None = None
     chance: str = ""
+    interval: Callable[[dict], tuple[float, float] | None] | None = None
+
+
+def interval_at(summary: dict, *keys: str) -> tuple[float, float] | None:
+    """The sampling interval a summary records under ``summary["intervals"][keys[0]][keys[1]]...`` (the same keys
+    as the value's), or None where it records none."""
+    found: Any = summary.get("intervals")
+    for key in keys:
+        if not isinstance(found, dict) or key not in found:
+            return None
+        found = found[key]
+    return (
+        (float(found[0]), float(found[1])) if isinstance(found, (list, tuple)) and len(found) == 2 else None
+    )
 
 
 @dataclass(frozen=True)

@@ -141,9 +141,33 @@ class DiffTransformerConfig(PreTrainedConfig):
             "intermediate_size",
             "num_hidden_layers",
             "num_attention_heads",
+            "max_position_embeddings",
         ):
             if not isinstance(getattr(self, field), int) or getattr(self, field) < 1:
                 raise ValueError(f"{field} must be a positive integer; got {getattr(self, field)!r}")
+        for field in ("rms_norm_eps", "subln_eps", "lambda_std", "initializer_range"):
+            value, positive = getattr(self, field), field.endswith("eps")  # an eps of 0 divides by 0
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value < 0
+                or (positive and value == 0)
+            ):
+                kind = "positive" if positive else "non-negative"
+                raise ValueError(f"{field} must be a finite {kind} number; got {value!r}")
+        for field in ("causal", "tie_word_embeddings", "use_cache"):
+            if not isinstance(getattr(self, field), bool):
+                raise ValueError(f"{field} must be true or false; got {getattr(self, field)!r}")
+        for field in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            ids = getattr(self, field)
+            for token in ids if isinstance(ids, list) else [ids]:
+                if token is not None and (
+                    isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < self.vocab_size
+                ):
+                    raise ValueError(
+                        f"{field} must be a token id in [0, vocab_size={self.vocab_size}); got {ids!r}"
+                    )
         heads, kv_heads = self.num_attention_heads, self.num_key_value_heads
         if not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads:
             raise ValueError(
@@ -177,8 +201,12 @@ class DiffTransformerConfig(PreTrainedConfig):
         if isinstance(self.lambda_init, str):
             if self.lambda_init != "depth":
                 raise ValueError(f"lambda_init must be 'depth' or a number; got {self.lambda_init!r}")
-        elif not isinstance(self.lambda_init, (int, float)) or isinstance(self.lambda_init, bool):
-            raise ValueError(f"lambda_init must be 'depth' or a number; got {self.lambda_init!r}")
+        elif (
+            not isinstance(self.lambda_init, (int, float))
+            or isinstance(self.lambda_init, bool)
+            or not math.isfinite(self.lambda_init)
+        ):
+            raise ValueError(f"lambda_init must be 'depth' or a finite number; got {self.lambda_init!r}")
 
     @property
     def head_dim(self) -> int:

@@ -25,6 +25,7 @@ from difftransformer.layers.norm import RMSNorm
 from difftransformer.layers.rotary import RotaryEmbedding
 from difftransformer.layers.softmax_attention import SoftmaxAttention
 from difftransformer.models.configuration import DiffTransformerConfig
+from difftransformer.models.loading import strict_from_pretrained
 
 # DIFF V1's lambda vectors live in their own float32 submodule and are saved under those names
 # (`self_attn.lambda_vectors.q1` ...), so that tools reading the file by parameter name (accelerate's
@@ -93,6 +94,12 @@ class DiffTransformerPreTrainedModel(PreTrainedModel):
         # exp() of a half-precision dot product is too coarse for lambda: DIFF V1 loads its lambda vectors in float32
         # whatever the dtype (their own submodule, so that FSDP2 groups them apart from the bf16 projections).
         self._keep_in_fp32_modules_strict = ["lambda_vectors"] if config.attention == "diff" else []
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """transformers' ``from_pretrained``, refusing in one line a folder whose weights and config.json disagree
+        (tensors missing, unexpected or of another shape, ties left undone): models/loading.py."""
+        return strict_from_pretrained(super().from_pretrained, pretrained_model_name_or_path, *args, **kwargs)
 
     @property
     def _weight_conversions(self) -> list[WeightTransform]:

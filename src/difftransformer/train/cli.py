@@ -28,7 +28,12 @@ from difftransformer.storage import check_input_dir
 from difftransformer.train.checkpoints import last_good_checkpoint
 from difftransformer.train.pipeline import prepare_preset_data
 from difftransformer.train.presets import PRESETS, RECIPE, Preset, get_preset
-from difftransformer.train.provenance import record_provenance
+from difftransformer.train.provenance import (
+    ProvenanceRecorder,
+    differing_settings,
+    recorded_settings,
+    run_settings,
+)
 from difftransformer.train.runner import check_run_folder, is_main_process, train_model
 from difftransformer.train.settings import RECALL_FRACTIONS, PresetOptions, RunOptions, TrainingSettings
 
@@ -92,6 +97,13 @@ def resolved_preset(args: argparse.Namespace) -> Preset:
     if options.hidden_size is not None:
         preset = preset.at_width(options.hidden_size)
     preset = dataclasses.replace(preset, **overrides).with_training(**training)
+    context = preset.max_position_embeddings
+    if options.max_position_embeddings is None and context is not None and context < preset.block_size:
+        raise UsageError(
+            f"`block_size` {preset.block_size} exceeds the longest sequence the {preset.name} preset's models admit "
+            f"(its max_position_embeddings, {context}); give `max_position_embeddings` {preset.block_size} or more "
+            f"with it, or a block size up to {context}"
+        )
     preset.recall.check_schedule(preset.block_size)  # the recall mix checks its shares as it is made
     for attention in ATTENTION_KINDS:  # the model options are checked now, before any work
         try:
@@ -130,6 +142,27 @@ def checked_training_settings(preset: Preset, **fields) -> TrainingSettings:
         raise UsageError(f"training options: {err}") from err
 
 
+def resume_note(output_dir: str, settings: dict) -> str | None:
+    """The line ``train --resume`` prints when the run in ``output_dir`` was trained so far with other settings
+    than ``settings`` (:func:`~difftransformer.train.provenance.run_settings`' keywords), e.g. another
+    ``--length-schedule``: the steps from here on follow the new ones. None when they agree or nothing is recorded."""
+    before = recorded_settings(output_dir)
+    differ = differing_settings(before, run_settings(**settings)) if before is not None else []
+    if not differ:
+        return None
+
+    def shown(value) -> str:
+        if isinstance(value, list) and value and all(isinstance(v, list) and len(v) == 2 for v in value):
+            return ",".join(f"{first}:{second}" for first, second in value)  # STEP:TOKENS pairs
+        return str(value)
+
+    changes = "; ".join(f"{flag(name)} {shown(old)} then, {shown(new)} now" for name, old, new in differ)
+    return (
+        f"--resume: {output_dir} was trained so far with other settings ({changes}); the steps from here on follow "
+        "the new ones"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Check every option and folder, prepare the data, train, print a one-line summary; Ctrl-C stops with a
     one-line note (exit 130)."""
@@ -147,30 +180,30 @@ def run(args: argparse.Namespace) -> int:
     if run_options.init_from:
         pretrained = initial_model(run_options.init_from, run_options.attention, seed=settings.seed)
     prepared = prepare_preset_data(preset, data, settings.seed)
+    # The mix checks its rows against the vocabulary as it is built: before anything is recorded.
+    train_dataset = prepared.train_dataset
     model = (
         pretrained
         if pretrained is not None
         else preset.model_for(run_options.attention or "diff", prepared.tokenizer)
     )
     attention = (model.config if pretrained is not None else model).attention
-    if is_main_process():
-        record_provenance(
-            settings.output_dir,
-            preset=preset,
-            training=settings,
-            data=data,
-            attention=attention,
-            init_from=run_options.init_from,
-        )
+    recorded = dict(
+        preset=preset, training=settings, data=data, attention=attention, init_from=run_options.init_from
+    )
+    if run_options.resume and is_main_process() and (note := resume_note(settings.output_dir, recorded)):
+        print(note)
+    provenance = ProvenanceRecorder(settings.output_dir, **recorded)
     try:
         result = train_model(
             model,
-            prepared.train_dataset,
+            train_dataset,
             prepared.validation_blocks[: preset.eval_blocks],
             prepared.tokenizer,
             settings,
             resume=run_options.resume,
             progress_desc=attention,
+            callbacks=[provenance],
         )
     except KeyboardInterrupt:
         checkpoint = last_good_checkpoint(settings.output_dir, quarantine=False)

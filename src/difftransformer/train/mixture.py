@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from difftransformer.data.induction import make_induction_batch
+from difftransformer.data.induction import SHORTEST_SEGMENT, make_induction_batch
 from difftransformer.data.mqar import MqarSettings, MqarVocabulary, make_mqar_batch, mqar_vocabulary
 from difftransformer.errors import UsageError
 from difftransformer.train.retrieval import NeedleRows
@@ -79,10 +79,11 @@ class RecallMix:
             )
         schedule = self.length_schedule
         steps, lengths = [step for step, _ in schedule], [length for _, length in schedule]
+        shown = ",".join(f"{step}:{tokens}" for step, tokens in schedule)
         if schedule and (steps[0] != 0 or steps != sorted(set(steps)) or lengths != sorted(set(lengths))):
             raise UsageError(
-                "`length_schedule` must be (first step, tokens) pairs starting at step 0, steps and lengths both "
-                f"ascending; got {schedule}"
+                "`length_schedule` must be STEP:TOKENS pairs starting at step 0, steps and lengths both ascending "
+                f"(e.g. 0:64,3000:128); got {shown}"
             )
         if schedule and self.needle_fraction:
             raise UsageError(
@@ -97,12 +98,59 @@ class RecallMix:
         return low, high
 
     def check_schedule(self, block_size: int) -> None:
-        """UsageError naming the field when the length schedule grows rows beyond ``block_size`` tokens (checked
-        with the options, before any data is read)."""
-        if self.length_schedule and self.length_schedule[-1][1] > block_size:
+        """UsageError naming the field when the length schedule grows rows beyond ``block_size`` tokens, or gives
+        rows too short for the MQAR or induction rows the mix draws (checked with the options, before any data is
+        read; the message says what would work). Without a schedule every row has ``block_size`` tokens."""
+        if not self.length_schedule:
+            needs = self._row_needs(block_size, block_size)
+            short = [what for needed, what in needs if block_size < needed]
+            if short:
+                raise UsageError(
+                    f"`block_size` {block_size}: rows of {block_size} tokens cannot hold {' nor '.join(short)}; "
+                    f"give a block size of at least {max(needed for needed, _ in needs)}"
+                )
+            return
+        shown = ",".join(f"{step}:{tokens}" for step, tokens in self.length_schedule)
+        if self.length_schedule[-1][1] > block_size:
             raise UsageError(
-                f"`length_schedule` reaches {self.length_schedule[-1][1]} tokens, beyond the block size {block_size}"
+                f"`length_schedule` {shown} reaches {self.length_schedule[-1][1]} tokens, beyond the block size "
+                f"{block_size} (`block_size`): end the schedule at {block_size} tokens or raise the block size"
             )
+        for _, length in self.length_schedule:
+            short = [what for needed, what in self._row_needs(length, block_size) if length < needed]
+            if short:
+                fitting = [
+                    n
+                    for n in range(2, block_size + 1)
+                    if all(n >= k for k, _ in self._row_needs(n, block_size))
+                ]
+                if not fitting:
+                    fix = "no length up to the block size holds them: raise `block_size`"
+                elif fitting == list(range(fitting[0], block_size + 1)):
+                    fix = f"give every length at least {fitting[0]} tokens"
+                else:
+                    starts = [n for n in fitting if n - 1 not in fitting]
+                    ends = [n for n in fitting if n + 1 not in fitting]
+                    spans = ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in zip(starts, ends))
+                    fix = f"only lengths of {spans} tokens hold them"
+                raise UsageError(
+                    f"`length_schedule` {shown}: rows of {length} tokens cannot hold {' nor '.join(short)}; {fix}"
+                )
+
+    def _row_needs(self, length: int, block_size: int) -> list[tuple[int, str]]:
+        """(tokens needed, what) for each kind of synthetic row the mix draws at ``length`` tokens."""
+        needs = []
+        if self.mqar_fraction:
+            pairs = self.pairs_at(length, block_size)[1]
+            counted = (
+                "1 key-value pair and its query"
+                if pairs == 1
+                else f"{pairs} key-value pairs and their queries"
+            )
+            needs.append((4 * pairs, f"MQAR rows of {counted} ({4 * pairs} tokens)"))
+        if self.induction_fraction:
+            needs.append((3 * SHORTEST_SEGMENT, f"induction rows ({3 * SHORTEST_SEGMENT} tokens)"))
+        return needs
 
     def check(self, block_size: int, vocabulary: MqarVocabulary) -> None:
         """UsageError naming the field when blocks of ``block_size`` tokens cannot hold the mix's rows, MQAR rows

@@ -1,7 +1,9 @@
 """What a trained run folder says about how it was made: the settings of the run (preset, training options, data,
 attention kind, the folder it started from) and the package versions, in ``provenance.json``.
 
-``train`` appends one entry per invocation (a resumed run has several); ``compare`` reads a run's entry before it
+``train`` appends one entry per invocation that trains (a resumed run has several), when its training starts
+(:class:`ProvenanceRecorder`): an invocation refused on the way, or finding the run already complete, records
+nothing. ``compare`` reads a run's entry before it
 reuses the run and refuses one trained with other settings (:func:`differing_settings`).
 """
 
@@ -12,6 +14,8 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+
+from transformers import TrainerCallback
 
 from difftransformer.data import DataOptions
 from difftransformer.storage import jsonable, read_json, versions, write_json
@@ -64,6 +68,18 @@ def record_provenance(folder: str | os.PathLike, **settings: Any) -> Path:
     entries = read_json(path)["invocations"] if path.is_file() else []
     entry = {"settings": run_settings(**settings), "versions": versions()}
     return write_json(path, {"invocations": [*entries, entry]})
+
+
+class ProvenanceRecorder(TrainerCallback):
+    """Records the run's settings (:func:`record_provenance` with ``settings``) in ``folder`` when its training
+    starts, once every option, the data and the checkpoint to resume have been checked; in the main process only."""
+
+    def __init__(self, folder: str | os.PathLike, **settings: Any) -> None:
+        self.folder, self.settings = folder, settings
+
+    def on_train_begin(self, args, state, control, **kwargs) -> None:
+        if state.is_world_process_zero:
+            record_provenance(self.folder, **self.settings)
 
 
 def recorded_settings(folder: str | os.PathLike) -> dict[str, Any] | None:

@@ -22,6 +22,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from difftransformer.errors import UsageError
 from difftransformer.models import DiffTransformerConfig, DiffTransformerForCausalLM
+from difftransformer.models.folders import load_model_folder
 from difftransformer.ops import fused_cpu_available
 from difftransformer.storage import check_output_dir, read_json, write_json
 from difftransformer.train.callbacks import CsvMetrics, ProgressBar
@@ -68,6 +69,21 @@ class LanguageModelTrainer(Trainer):
             super()._save(output_dir, state_dict)
         finally:
             config.use_cache = training_use_cache
+
+    def _issue_warnings_after_load(self, load_result) -> None:
+        """Refuse a checkpoint to resume whose weights lack tensors of the model or hold others (Trainer only logs
+        them): the run would go on with fresh or dropped weights. Tied tensors are saved once and not counted."""
+        tied = set(getattr(self.model, "all_tied_weights_keys", {}))
+        missing = sorted(set(load_result.missing_keys) - tied)
+        unexpected = sorted(load_result.unexpected_keys)
+        if missing or unexpected:
+            found = [f"{len(keys)} {what} ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})"
+                     for keys, what in ((missing, "missing"), (unexpected, "unexpected")) if keys]  # fmt: skip
+            raise UsageError(
+                f"`resume`: the checkpoint's weights do not match the model it holds: tensors {'; '.join(found)}; "
+                "restore the checkpoint or choose another `output_dir`"
+            )
+        super()._issue_warnings_after_load(load_result)
 
     def create_accelerator_and_postprocess(self) -> None:
         super().create_accelerator_and_postprocess()
@@ -173,6 +189,8 @@ def train_model(
     ``train_blocks`` (n_train, T) and ``eval_blocks`` (n_eval, T) are int64 token ids, every block a full
     training sequence; ``train_blocks`` may instead be a :class:`Blocks` dataset, e.g. :class:`MixedBlocks` with
     recall rows (whose MQAR accuracy is then logged at every evaluation); ``callbacks`` are added to Trainer's; ``progress_desc`` labels the progress bar.
+    The tokenizer saved with the model takes the model's context as its ``model_max_length`` (pipelines truncate
+    to it), set on ``tokenizer`` itself.
     """
     check_fsdp_state_dict(args)
     output_dir = Path(args.output_dir)
@@ -182,6 +200,7 @@ def train_model(
     try:
         checkpoint = _checkpoint_to_resume(output_dir, resume)
         config = model if isinstance(model, DiffTransformerConfig) else model.config
+        tokenizer.model_max_length = config.max_position_embeddings
         if checkpoint is not None:
             _check_same_model(checkpoint, config)
         finished = _finished_run(output_dir, checkpoint, args, tokenizer)
@@ -267,7 +286,7 @@ def _finished_run(
         result = TrainResult(**read_json(output_dir / SUMMARY_JSON))
         result.output_dir = Path(result.output_dir)
     else:
-        model = DiffTransformerForCausalLM.from_pretrained(checkpoint)
+        model = load_model_folder(checkpoint, DiffTransformerForCausalLM, what="output_dir")
         history = read_json(checkpoint / "trainer_state.json")["log_history"]
         evals = [entry["eval_loss"] for entry in history if "eval_loss" in entry]
         result = TrainResult(

@@ -1,9 +1,11 @@
 """vLLM plugin for the difftransformer package's models: ``vllm serve RUN_DIR`` and ``LLM(RUN_DIR)`` for DIFF V1,
-DIFF V2 and the matched softmax Transformer.
+DIFF V2 and the matched softmax Transformer (on CPU builds, ``difftransformer-vllm serve RUN_DIR``: :mod:`.cli`).
 
 vLLM calls :func:`register` in each of its processes (the ``vllm.general_plugins`` entry point): the folders' config
 class becomes known to transformers' ``AutoConfig`` (so no ``--trust-remote-code`` is needed) and their architecture
-to vLLM's model registry, as a lazy reference that imports the model only when one is built.
+to vLLM's model registry, as a lazy reference that imports the model only when one is built. The model's checks of
+what vLLM can serve also run when vLLM checks its configuration, in the process that starts the engine, so an
+unservable folder is refused there in one :class:`UnservableModel` line instead of from inside every worker.
 """
 
 from __future__ import annotations
@@ -11,8 +13,37 @@ from __future__ import annotations
 ARCHITECTURE = "DiffTransformerForCausalLM"
 
 
+class UnservableModel(ValueError):
+    """A folder vLLM cannot serve as the package computes it (the message names the setting and what works)."""
+
+
+class ServableCheck:
+    """The hook vLLM calls with its whole configuration before starting the engine (its per-architecture
+    ``verify_and_update_config``): the model's :func:`~difftransformer_vllm.model.check_servable`."""
+
+    @staticmethod
+    def verify_and_update_config(vllm_config) -> None:
+        from difftransformer_vllm.model import check_servable, platform_head_sizes
+
+        model = vllm_config.model_config
+        try:
+            check_servable(
+                model.hf_config,
+                vllm_config.parallel_config.tensor_parallel_size,
+                model.max_model_len,
+                platform_head_sizes(),
+            )
+        except ValueError as refusal:
+            raise UnservableModel(str(refusal)) from None
+
+    @staticmethod
+    def verify_and_update_model_config(model_config) -> None:
+        """The model configuration alone (vLLM's other hook): nothing to check without the parallel setup."""
+
+
 def register() -> None:
-    """Register the configuration with transformers and the model with vLLM (safe to call more than once)."""
+    """Register the configuration with transformers, the model with vLLM and its checks with vLLM's configuration
+    (safe to call more than once)."""
     from transformers import AutoConfig
     from vllm import ModelRegistry
 
@@ -21,3 +52,8 @@ def register() -> None:
     AutoConfig.register(DiffTransformerConfig.model_type, DiffTransformerConfig, exist_ok=True)
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(ARCHITECTURE, "difftransformer_vllm.model:DiffTransformerForCausalLM")
+    try:  # vLLM's table of per-architecture configuration hooks (0.32); without it the model checks in the workers
+        from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+    except ImportError:
+        return
+    MODELS_CONFIG_MAP.setdefault(ARCHITECTURE, ServableCheck)

@@ -50,8 +50,9 @@ from difftransformer.eval.hallucination.summaries import (
     pick_documents,
 )
 from difftransformer.eval.options import MOST, at_least, at_most, counts, distinct, option, seeded
-from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task
+from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task, interval_at
 from difftransformer.plotting import pyplot, save_figure
+from difftransformer.stats import wilson_interval
 from difftransformer.storage import write_json
 
 FAMILIES: tuple[str, ...] = ("qa", "summary")
@@ -374,15 +375,28 @@ class HallucinationTask(Task):
         )  # fmt: skip
 
     def summarise(self, results: dict) -> dict:
+        """The QA rates and the summaries' shares and, under ``intervals``, their Wilson intervals over the
+        questions, the summaries and the entities named."""
         summary: dict[str, dict] = {}
+        intervals: dict[str, dict] = {}
+
+        def wilson(share: float, trials: int) -> list[float]:
+            return list(wilson_interval(round(share * trials), trials))
+
         if "qa" in results:
             summary["qa"] = {k: results["qa"]["rates"][k] for k in ("correct", "hallucination", "confusion")}
+            questions = len(results["qa"]["outputs"])
+            intervals["qa"] = {k: wilson(rate, questions) for k, rate in summary["qa"].items()}
         if "summary" in results:
             judged = results["summary"]
             summary["summary"] = {"free": judged["free"]}
+            intervals["summary"] = {"free": wilson(judged["free"], len(judged["outputs"]))}
             if "entity_hallucination_rate" in judged:
-                summary["summary"]["unsupported_entities"] = judged["entity_hallucination_rate"]
-        return summary
+                rate = judged["entity_hallucination_rate"]
+                summary["summary"]["unsupported_entities"] = rate
+                if rate is not None and judged.get("entities"):
+                    intervals["summary"]["unsupported_entities"] = wilson(rate, judged["entities"])
+        return {**summary, "intervals": intervals}
 
     def columns(self, summary: dict) -> list[Column]:
         columns = [Column(f"QA {k}", v, 2) for k, v in summary.get("qa", {}).items()]
@@ -441,23 +455,36 @@ class HallucinationTask(Task):
                 paper=paper.HALLUCINATION_QA_CLAIM,
                 at_chance=lambda s: chance.exact_at_chance(s.get("qa", {}).get("correct", 0.0)),
                 chance=chance.QA,
+                interval=lambda s: interval_at(s, "qa", "correct"),
             ),
             Measure(
-                "contextual QA hallucination rate", lambda s: s.get("qa", {}).get("hallucination"), False, 2
+                "contextual QA hallucination rate",
+                lambda s: s.get("qa", {}).get("hallucination"),
+                False,
+                2,
+                interval=lambda s: interval_at(s, "qa", "hallucination"),
             ),
-            Measure("contextual QA confusion rate", lambda s: s.get("qa", {}).get("confusion"), False, 2),
+            Measure(
+                "contextual QA confusion rate",
+                lambda s: s.get("qa", {}).get("confusion"),
+                False,
+                2,
+                interval=lambda s: interval_at(s, "qa", "confusion"),
+            ),
             Measure(
                 "share of summaries judged free of hallucination",
                 lambda s: s.get("summary", {}).get("free"),
                 True,
                 2,
                 paper=paper.HALLUCINATION_SUMMARY_CLAIM,
+                interval=lambda s: interval_at(s, "summary", "free"),
             ),
             Measure(
                 "share of unsupported entities in summaries",
                 lambda s: s.get("summary", {}).get("unsupported_entities"),
                 False,
                 2,
+                interval=lambda s: interval_at(s, "summary", "unsupported_entities"),
             ),
         ]
 

@@ -1,0 +1,163 @@
+"""Strict loading (models/loading.py, models/folders.py): a folder whose weights and config.json disagree is refused
+in one line by the package's classes, by the code the folder carries (trust_remote_code, without the package) and by
+the one function every command opens folders with; what transformers intends (a base model and its head loading
+from each other's folders, ignore_mismatched_sizes asked for) still loads; a load that stands shows transformers'
+report, a refused one does not."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModel, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from difftransformer import DiffTransformerConfig, DiffTransformerForCausalLM, DiffTransformerModel
+from difftransformer.errors import MissingInputError, UsageError
+from difftransformer.models.folders import load_model_folder
+from difftransformer.models.loading import FolderMismatchError
+from helpers import random_model
+from test_remote_code import NO_PACKAGE, PACKAGE_ROOT
+
+# config.json edits and what the refusal says: the cases of issue 39 and one per kind of disagreement.
+EDITS = {
+    "one layer more": ({"num_hidden_layers": 3}, r"the weights lack 14 tensors the config asks for \(model\.layers\.2\.\*\)"),
+    "one layer less": ({"num_hidden_layers": 1}, r"the weights hold 14 tensors the config has no place for \(model\.layers\.1\.\*\)"),
+    "another vocabulary": ({"vocab_size": 400}, r"of another shape \(lm_head\.weight: \(97, 32\) saved, \(400, 32\) from the config"),
+    "tied on paper only": ({"tie_word_embeddings": True}, "the config ties lm_head.weight to model.embed_tokens.weight"),
+    "no per-head gain": ({"subln": "plain"}, r"no place for \(model\.layers\.\{0, 1\}\.self_attn\.subln\.weight\)"),
+    "another kind": ({"attention": "diff_v2"}, r"lack 2 tensors .*lambda_proj\.weight"),
+}  # fmt: skip
+
+
+def edited(source: Path, folder: Path, fields: dict) -> Path:
+    shutil.copytree(source, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **fields}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("saved") / "diff"
+    random_model(dtype=torch.float32, num_hidden_layers=2).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("edit", EDITS)
+def test_a_folder_whose_weights_and_config_disagree_is_refused_in_one_line(edit, saved, tmp_path, caplog):
+    fields, says = EDITS[edit]
+    folder = edited(saved, tmp_path / "edited", fields)
+    for load in (DiffTransformerForCausalLM.from_pretrained, AutoModelForCausalLM.from_pretrained):
+        with caplog.at_level(logging.WARNING), pytest.raises(FolderMismatchError, match=says) as refusal:
+            load(folder)
+        message = str(refusal.value)
+        assert "\n" not in message and message.endswith(
+            "Restore config.json to the values the weights were saved with"
+        )
+        assert "LOAD REPORT" not in caplog.text and "NOT tie" not in caplog.text  # the table is not shown
+    with pytest.raises(
+        UsageError, match=f"`init_from` '{folder}': cannot load the model: config.json and the"
+    ):
+        load_model_folder(folder, DiffTransformerForCausalLM, what="init_from")
+
+
+def test_the_folders_own_code_refuses_them_too_without_the_package(saved, tmp_path):
+    for edit, (fields, _) in EDITS.items():
+        edited(saved, tmp_path / edit.replace(" ", "-"), fields)
+    script = (
+        NO_PACKAGE
+        + r"""
+import json
+from transformers import AutoModelForCausalLM
+
+outcome = {}
+for name in sorted(os.listdir(work)):
+    try:
+        AutoModelForCausalLM.from_pretrained(os.path.join(work, name), trust_remote_code=True)
+        outcome[name] = "loaded"
+    except ValueError as err:
+        outcome[name] = f"{type(err).__name__}: {err}"
+print(json.dumps(outcome))
+"""
+    )
+    shutil.copytree(saved, tmp_path / "as-saved")
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(PACKAGE_ROOT), str(tmp_path)],
+        env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    assert outcome.pop("as-saved") == "loaded"
+    for edit, (_, says) in EDITS.items():
+        found = outcome[edit.replace(" ", "-")]
+        assert found.startswith("FolderMismatchError: config.json and the weights disagree"), (edit, found)
+        assert re.search(says, found), (edit, found)
+    assert "LOAD REPORT" not in done.stderr, done.stderr[-2000:]
+
+
+def test_a_base_model_and_its_head_still_load_from_each_others_folders(saved, tmp_path, caplog):
+    # transformers' intent: the head of a base model's folder is new, the head in a causal LM's folder unread; the
+    # base model they share must still agree with its config, and the report of the head is shown
+    with caplog.at_level(logging.WARNING):
+        base = AutoModel.from_pretrained(saved)
+    assert (
+        type(base) is DiffTransformerModel and "lm_head.weight" in caplog.text and "UNEXPECTED" in caplog.text
+    )
+    base.save_pretrained(tmp_path / "base")
+    head, info = DiffTransformerForCausalLM.from_pretrained(tmp_path / "base", output_loading_info=True)
+    assert info["missing_keys"] == {"lm_head.weight"}
+    torch.testing.assert_close(head.model.embed_tokens.weight, base.embed_tokens.weight, atol=0, rtol=0)
+    with pytest.raises(FolderMismatchError, match=r"\(layers\.2\.\*\)"):
+        AutoModel.from_pretrained(edited(saved, tmp_path / "deeper", {"num_hidden_layers": 3}))
+
+
+def test_ignore_mismatched_sizes_still_draws_those_tensors_anew_when_asked(saved, tmp_path):
+    folder = edited(saved, tmp_path / "wider", {"vocab_size": 400})
+    model = DiffTransformerForCausalLM.from_pretrained(folder, ignore_mismatched_sizes=True)
+    assert model.lm_head.weight.shape == (400, 32)
+    # only shapes: a layer the weights lack is still refused
+    with pytest.raises(FolderMismatchError, match="lack"):
+        DiffTransformerForCausalLM.from_pretrained(
+            edited(saved, tmp_path / "deeper", {"num_hidden_layers": 3}), ignore_mismatched_sizes=True
+        )
+
+
+def test_a_folder_that_agrees_loads_exactly_and_reports_its_loading_info_when_asked(saved):
+    model, info = DiffTransformerForCausalLM.from_pretrained(saved, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    reference = random_model(dtype=torch.float32, num_hidden_layers=2)
+    for name, tensor in reference.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], tensor, atol=0, rtol=0, msg=name)
+
+
+def test_any_model_class_opened_by_the_commands_is_held_to_its_config(tmp_path):
+    # a Llama folder (convert --from-llama, eval of any causal LM) with one layer more on paper
+    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "llama")
+    assert type(load_model_folder(tmp_path / "llama")) is LlamaForCausalLM
+    folder = edited(tmp_path / "llama", tmp_path / "deeper", {"num_hidden_layers": 3})
+    with pytest.raises(UsageError, match=r"`source` .*: cannot load the model: .*model\.layers\.2\.\*"):
+        load_model_folder(folder, LlamaForCausalLM, what="source")
+    with pytest.raises(MissingInputError, match="`model` must be a saved model folder with a config.json"):
+        load_model_folder(tmp_path / "nothing")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_position_embeddings", 0), ("rms_norm_eps", 0.0), ("subln_eps", -1.0), ("lambda_std", "x"),
+     ("lambda_std", float("nan")), ("initializer_range", -0.1), ("causal", "yes"), ("tie_word_embeddings", 1),
+     ("eos_token_id", 97), ("pad_token_id", -1), ("bos_token_id", [0, 400]), ("lambda_init", float("inf"))],
+)  # fmt: skip
+def test_the_config_refuses_values_outside_the_models_bounds_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=f"^{field} must be"):
+        DiffTransformerConfig(vocab_size=97, hidden_size=32, num_attention_heads=2, **{field: value})
