@@ -31,8 +31,25 @@ OTHER_VARIANTS = [
     dict(attention="diff", lambda_init=0.5),
     dict(attention="diff", causal=False),
     dict(attention="diff", tie_word_embeddings=True),
+    dict(attention="gda", num_attention_heads=3, gda_ratio=3, num_key_value_heads=1),
+    dict(
+        attention="gda",
+        num_attention_heads=4,
+        gda_ratio=2,
+        num_key_value_heads=2,
+        map_dim=6,
+        rope_style="half",
+    ),
+    dict(attention="gda", num_attention_heads=4, gda_ratio=2, num_key_value_heads=1, map_dim=4, subln="none"),
+    dict(
+        attention="gda", num_attention_heads=2, gda_ratio=2, num_key_value_heads=1, map_dim=8, lambda_init=0.5
+    ),
+    dict(attention="gated", num_attention_heads=4, num_key_value_heads=4),
+    dict(attention="gated", num_attention_heads=4, num_key_value_heads=2, rope_style="half"),
 ]
-ALL_KINDS = [dict(attention="diff", num_key_value_heads=1), OTHER_VARIANTS[1], OTHER_VARIANTS[3]]
+GDA = dict(attention="gda", num_attention_heads=4, gda_ratio=2, num_key_value_heads=2, map_dim=6)
+GATED = dict(attention="gated", num_attention_heads=4, num_key_value_heads=2)
+ALL_KINDS = [dict(attention="diff", num_key_value_heads=1), OTHER_VARIANTS[1], OTHER_VARIANTS[3], GDA, GATED]
 
 
 def variant_id(fields: dict) -> str:
@@ -370,12 +387,12 @@ def test_return_dict_false_gives_tuples(fields):
 
 @pytest.mark.parametrize("fields", ALL_KINDS, ids=variant_id)
 def test_bfloat16_load_keeps_only_the_lambda_vectors_in_float32(fields, tmp_path):
-    """DIFF V1's lambda vectors stay float32 (their own module, so FSDP2 can group them); every other module's
+    """DIFF V1's and GDA's lambda vectors stay float32 (their own module, so FSDP2 can group them); every other module's
     parameters are uniformly bfloat16; lambda is still computed in float32."""
     model = random_model(seed=12, dtype=torch.float32, **fields)
     model.save_pretrained(tmp_path)
     loaded = DiffTransformerForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
-    is_diff = fields["attention"] == "diff"
+    is_diff = fields["attention"] in ("diff", "gda")  # the kinds with lambda vectors
     assert loaded._keep_in_fp32_modules_strict == ({"lambda_vectors"} if is_diff else set())
     for name, module in loaded.named_modules():
         dtypes = {p.dtype for p in module.parameters(recurse=False)}
@@ -488,7 +505,7 @@ def test_diff_v1_attn_implementation_picks_the_backend_or_is_refused(monkeypatch
     dispatcher = sys.modules["difftransformer.ops.diff_attention"]
     chosen = []
     choose = dispatcher.choose_backend
-    monkeypatch.setattr(dispatcher, "choose_backend", lambda *a: chosen.append(a[-1]) or choose(*a))
+    monkeypatch.setattr(dispatcher, "choose_backend", lambda *a: chosen.append(choose(*a)) or chosen[-1])
     model = random_model(seed=17, dtype=torch.float32, attention_backend="blocked", **ALL_KINDS[0])
     model.save_pretrained(tmp_path)
     ids = torch.randint(0, 97, (1, 20))
