@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 7852cf93188f8b72; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 3ca172da70f087fc; change the package, not this file.
 """The Differential Transformer (DIFF V1, DIFF V2), the kinds compared with it (GDA, gated attention) and the
 matched softmax Transformer as transformers models: every operator, layer and model class they run,
 generated from the package's sources named below."""
@@ -1388,11 +1388,11 @@ GDA = AttentionKind(
     layer=GroupedDiffAttention,
     match=_grouped_heads,
     matching=(
-        "the baseline's H query heads (rounded up to whole groups of G + 1) as n = H / (G + 1) noise maps and "
-        "h = G n signal heads of width d, G = gda_ratio; KV groups gcd(H_kv / 2, n), so each noise map and its "
-        "signal heads share one; q_proj keeps the baseline's rows (H d), o_proj reads h heads of 2d: adds "
-        "d_model (2h - H) d a layer (0 at G = 1, DIFF V1 exactly) plus DIFF V1's lambda and gain, and removes "
-        "K/V rows where the KV groups are fewer than H_kv / 2"
+        "the baseline's H query heads, rounded up to M, a multiple of G + 1 (G = gda_ratio), as maps of width d: "
+        "n = M / (G + 1) noise maps and h = G n signal heads over gcd(H_kv / 2, n) KV groups (a noise map and its "
+        "signal heads read one); q_proj has M d rows (the baseline's H d where G + 1 divides H), o_proj reads h "
+        "heads of 2d (2h d columns for the baseline's H d), k_proj and v_proj 2d rows a KV group (the baseline's "
+        "H_kv d with H_kv / 2 groups), and DIFF V1's lambda vectors and gain; at G = 1 DIFF V1's shapes"
     ),
     differential_heads=True,
     fields=("gda_ratio",),

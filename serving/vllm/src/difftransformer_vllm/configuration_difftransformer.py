@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 7852cf93188f8b72; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 3ca172da70f087fc; change the package, not this file.
 """The Differential Transformer's configuration, generated from difftransformer/models/configuration.py."""
 
 from __future__ import annotations
@@ -310,7 +310,8 @@ class DiffTransformerConfig(PreTrainedConfig):
     def matched_baseline(self) -> DiffTransformerConfig:
         """The softmax Transformer this model is matched to: DIFF V1's and GDA's maps as its heads of width d (two
         KV heads a KV group), the same heads for the other kinds; every other field unchanged. The inverse of the
-        kind's matching rule (layers/kinds.py) where the maps fill d_model."""
+        kind's matching rule (layers/kinds.py) where that rule neither rounds GDA's maps up nor takes fewer KV
+        groups than H_kv / 2."""
         maps, kv_heads = self.num_attention_heads, self.num_key_value_heads
         if self.differential_heads:
             maps, kv_heads = maps + self.noise_heads, 2 * kv_heads
