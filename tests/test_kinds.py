@@ -5,8 +5,10 @@ declarations (layers/kinds.py) against what the models build."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -316,3 +318,27 @@ def test_gda_matching_rule(heads, kv_heads, ratio, signal, noise, kv_groups, map
     assert attention.q_proj.weight.shape == ((signal + noise) * d, hidden)
     assert attention.o_proj.weight.shape == (hidden, signal * 2 * d)
     assert attention.k_proj.weight.shape == attention.v_proj.weight.shape == (kv_groups * 2 * d, hidden)
+
+
+def test_every_declared_serving_layer_is_in_the_vllm_plugin():
+    """The vLLM plugin (a distribution of its own that cannot import the package) picks each layer's attention by
+    the name the kind declares, from its copy of the configuration: each declared name is a key of its
+    ``ATTENTIONS`` (read from its source, without vLLM), and the plugin tests no kind by name."""
+    plugin = (
+        Path(__file__).resolve().parents[1] / "serving" / "vllm" / "src" / "difftransformer_vllm" / "model.py"
+    )
+    tree = ast.parse(plugin.read_text())
+    table = next(
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "ATTENTIONS"
+    )
+    assert {key.value for key in table.keys} == {kind.serving for kind in KINDS.values()}
+    compared = {
+        constant.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Compare)
+        for constant in ast.walk(node)
+        if isinstance(constant, ast.Constant)
+    }
+    assert not set(KINDS) & compared, set(KINDS) & compared
