@@ -118,7 +118,9 @@ def heatmap_panels(model: nn.Module, input_ids: torch.Tensor, head: int | None =
         chosen = maps[0].float().mean(0) if head is None else maps[0, head].float()
         return chosen.cpu().numpy()
 
-    maps_returned = model.config.kind_facts()["maps"] if is_difftransformer(model) else "softmax"
+    # what the layers return, as the model's kind declares it; a model without a declaration (its maps only) as softmax
+    facts = getattr(model.config, "kind_facts", None) if is_difftransformer(model) else None
+    maps_returned = facts()["maps"] if facts is not None else "softmax"
     if maps_returned in ("lambda", "gate"):
         logits: list[torch.Tensor] = []
 
