@@ -115,6 +115,13 @@ def main() -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=list(KINDS),
+        default=list(KINDS),
+        help="the kinds served (softmax is always)",
+    )
     parser.add_argument("--vllm-python", default=".venv-vllm/bin/python")
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--vllm-worker", type=Path, default=None, help=argparse.SUPPRESS)
@@ -130,9 +137,10 @@ def main() -> int:
 
     from difftransformer import DiffTransformerConfig, DiffTransformerForCausalLM
 
+    kinds = {kind: KINDS[kind] for kind in KINDS if kind in args.kinds or kind == "softmax"}
     with tempfile.TemporaryDirectory() as work:
         folders = {}
-        for kind, fields in KINDS.items():
+        for kind, fields in kinds.items():
             torch.manual_seed(0)
             model = DiffTransformerForCausalLM(DiffTransformerConfig(**SHAPE, **fields))
             folders[kind] = str(Path(work) / kind)
@@ -156,7 +164,7 @@ def main() -> int:
         f"{'setting':<22}{'vLLM tok/s':>12}{'generate tok/s':>16}{'vLLM/generate':>15}{'kind/baseline (vLLM)':>22}"
     )
     for batch in args.batches:
-        for kind in KINDS:
+        for kind in kinds:
             key, base = f"{kind}/{batch}", f"softmax/{batch}"
             row = dict(
                 kind=kind,
@@ -181,7 +189,7 @@ def main() -> int:
             torch=torch.__version__,
             transformers=transformers.__version__,
             shape=SHAPE,
-            kinds=KINDS,
+            kinds=kinds,
             prompt_tokens=PROMPT_TOKENS,
             new_tokens=args.new_tokens,
             rows=rows,
