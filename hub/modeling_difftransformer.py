@@ -1,19 +1,22 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code ffe6943646b0864a; change the package, not this file.
-"""The Differential Transformer (DIFF V1, DIFF V2) and its matched softmax Transformer as transformers
-models: every operator, layer and model class they run, generated from the package's sources named below."""
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 73d6667ae4e8cd2c; change the package, not this file.
+"""The Differential Transformer (DIFF V1, DIFF V2), the kinds compared with it (GDA, gated attention) and the
+matched softmax Transformer as transformers models: every operator, layer and model class they run,
+generated from the package's sources named below."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import logging
 import math
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -115,170 +118,6 @@ def build_attend_mask(
         causal_mask = (torch.arange(kv_len, device=device) <= rows)[None, None]
         mask = causal_mask if mask is None else mask & causal_mask
     return mask
-
-
-# ---- difftransformer/ops/blocked.py ----------------------------------------------------------------------
-# Differential attention at the matched baseline's FLOPs: maps materialized one block of queries at a time.
-#
-# For each block of queries the two softmax maps are formed in full (that block only), combined into
-# ``A1 - lambda A2`` and multiplied by V once, so the forward pass does the baseline's QK^T and AV work
-# (docs/performance.md) and never holds more than one (block, S) slice of the maps. Nothing but q, k and v is saved: the
-# backward pass recomputes each block's maps and needs exactly the baseline's backward work, because
-# ``rowsum(dA_j * A_j)`` (the softmax-gradient correction) comes from the block's own maps.
-#
-# With causal masking, keys after a block's last query are never touched (bottom-right aligned, as for a KV
-# cache), which halves the work of a full causal pass like a flash kernel does. Every block is a handful of
-# large ATen calls, so the path pays off while a block's maps stay in cache (short keys on CPU); past that,
-# ``backend="auto"`` prefers the fused SDPA kernels (see :func:`difftransformer.ops.choose_backend`).
-# Queries per block (times n_rep with GQA). Measured on 2 CPU cores (docs/performance.md).
-DEFAULT_BLOCK_QUERIES = 64
-
-
-def _block_size(n_rep: int, block_queries: int) -> int:
-    return max(1, block_queries // n_rep)
-
-
-def _key_end(t1: int, q_len: int, kv_len: int, causal: bool) -> int:
-    """One past the last key that queries [.., t1) may see: bottom-right causal alignment."""
-    return min(kv_len, t1 + kv_len - q_len) if causal else kv_len
-
-
-def _block_mask(
-    mask: torch.Tensor | None, causal: bool, t0: int, t1: int, q_len: int, s_end: int, device: torch.device
-) -> torch.Tensor | None:
-    """(B|1, 1, 1, 1, c, s_end) bool, True = attend, for queries [t0, t1) and keys [0, s_end)."""
-    if mask is not None:
-        block = mask[..., t0:t1, :s_end]
-    elif causal:
-        rows = torch.arange(t0, t1, device=device).unsqueeze(-1)
-        # keys j visible to query t: j <= t + (S - T); with s_end = t1 + S - T this is j - s_end <= t - t1.
-        block = ((torch.arange(s_end, device=device) - s_end) <= (rows - t1))[None, None]
-    else:
-        return None
-    return block.unsqueeze(2).unsqueeze(2)
-
-
-def _block_softmax(logits: torch.Tensor, mask: torch.Tensor | None, row_guard: bool) -> torch.Tensor:
-    """Both maps of one query block: logits (B, h_kv, 2, n_rep, c, s), masked in place, softmaxed."""
-    if mask is None:
-        return torch.softmax(logits, dim=-1)
-    if not row_guard:  # causal only: every query sees key 0, no row is empty
-        return torch.softmax(logits.masked_fill_(~mask, float("-inf")), dim=-1)
-    # A row with no visible key softmaxes unmasked and is then zeroed (0 output, 0 gradient, no NaN).
-    has_key = mask.any(-1, keepdim=True)
-    return torch.softmax(logits.masked_fill_(~(mask | ~has_key), float("-inf")), dim=-1).mul_(has_key)
-
-
-def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, dtype: torch.dtype):
-    """Scaled q as (B, h_kv, 2, n_rep, T, d); k as contiguous (B, h_kv, 2, 1, S, d); v (B, h_kv, S, 2d)."""
-    batch, heads, q_len, width = q.shape
-    kv_heads, head_dim = k.shape[1], width // 2
-    q6 = q.to(dtype).view(batch, kv_heads, heads // kv_heads, q_len, 2, head_dim).permute(0, 1, 4, 2, 3, 5)
-    q6 = q6 * scale
-    k5 = k.to(dtype).unflatten(-1, (2, head_dim)).transpose(2, 3).contiguous().unsqueeze(3)
-    return q6, k5, v.to(dtype).contiguous()
-
-
-class _BlockedDiffAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, lambda_full, mask, causal, scale, block_queries):
-        batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v)
-        n_rep = heads // kv_heads
-        dtype = torch.promote_types(q.dtype, torch.float32)
-        q6, k5, v4 = _prepare(q, k, v, scale, dtype)
-        lam = lambda_full.detach().to(dtype)
-        row_guard = mask is not None
-        block = _block_size(n_rep, block_queries)
-        # (B, T, h_kv, n_rep, 2d): the layout the output projection reads, so no copy after the op.
-        out = torch.empty(batch, q_len, kv_heads, n_rep, 2 * head_dim, dtype=dtype, device=q.device)
-        for t0 in range(0, q_len, block):
-            t1 = min(q_len, t0 + block)
-            s_end = _key_end(t1, q_len, kv_len, causal)
-            blk_mask = _block_mask(mask, causal, t0, t1, q_len, s_end, q.device)
-            logits = q6[..., t0:t1, :] @ k5[..., :s_end, :].transpose(-1, -2)  # (B, g, 2, r, c, s)
-            probs = _block_softmax(logits, blk_mask, row_guard)
-            combined = torch.addcmul(probs[:, :, 0], probs[:, :, 1], -lam)  # (B, g, r, c, s)
-            out[:, t0:t1] = (combined @ v4[:, :, None, :s_end]).permute(0, 3, 1, 2, 4)
-        ctx.save_for_backward(q, k, v, lambda_full)
-        ctx.setup = (mask, causal, scale, block_queries)
-        return out.view(batch, q_len, heads, 2 * head_dim).transpose(1, 2).to(q.dtype)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, lambda_full = ctx.saved_tensors
-        mask, causal, scale, block_queries = ctx.setup
-        batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v)
-        n_rep = heads // kv_heads
-        dtype = torch.promote_types(q.dtype, torch.float32)
-        q6, k5, v4 = _prepare(q, k, v, scale, dtype)
-        lam = lambda_full.detach().to(dtype)
-        row_guard = mask is not None
-        # grad_out (B, h, T, 2d) -> (B, h_kv, n_rep, T, 2d), a view whenever possible.
-        d_out = grad_out.to(dtype).reshape(batch, kv_heads, n_rep, q_len, 2 * head_dim)
-        dq6 = torch.empty(batch, q_len, kv_heads, n_rep, 2, head_dim, dtype=dtype, device=q.device)
-        dk5 = torch.zeros_like(k5)
-        dv4 = torch.zeros_like(v4)
-        d_lam = torch.zeros((), dtype=dtype, device=q.device)
-        sign = torch.stack([torch.ones_like(lam), -lam]).view(1, 1, 2, 1, 1, 1)  # (.., map, r, c, d)
-        block = _block_size(n_rep, block_queries)
-        for t0 in range(0, q_len, block):
-            t1 = min(q_len, t0 + block)
-            s_end = _key_end(t1, q_len, kv_len, causal)
-            blk_mask = _block_mask(mask, causal, t0, t1, q_len, s_end, q.device)
-            q_blk = q6[..., t0:t1, :]
-            k_blk = k5[..., :s_end, :]
-            probs = _block_softmax(q_blk @ k_blk.transpose(-1, -2), blk_mask, row_guard)  # (B, g, 2, r, c, s)
-            combined = torch.addcmul(probs[:, :, 0], probs[:, :, 1], -lam)  # (B, g, r, c, s)
-            do_blk = d_out[..., t0:t1, :]  # (B, g, r, c, 2d)
-            dv4[:, :, :s_end] += (combined.transpose(-1, -2) @ do_blk).sum(2)
-            d_comb = do_blk @ v4[:, :, None, :s_end].transpose(-1, -2)  # (B, g, r, c, s)
-            # dA_1 = dC and dA_2 = -lambda dC; the softmax correction rowsum(dA_j * A_j) per map.
-            row_dot = (probs * d_comb.unsqueeze(2)).sum(-1, keepdim=True)  # (B, g, 2, r, c, 1): A_j . dC
-            d_lam -= row_dot[:, :, 1].sum()
-            # Map 2's factor -lambda is applied after the matmuls, on the narrow (.., d) results.
-            d_logits = probs.mul_(d_comb.unsqueeze(2) - row_dot)  # (B, g, 2, r, c, s), without -lambda
-            dq6[:, t0:t1] = ((d_logits @ k_blk) * sign).permute(0, 4, 1, 3, 2, 5)
-            dk5[..., :s_end, :] += (d_logits.transpose(-1, -2) @ q_blk).sum(3, keepdim=True) * sign
-        grad_q = dq6.mul_(scale).view(batch, q_len, heads, 2 * head_dim).transpose(1, 2).to(q.dtype)
-        grad_k = dk5.squeeze(3).transpose(2, 3).flatten(-2).to(k.dtype)  # q6 carried the scale already
-        grad_lam = d_lam.to(lambda_full.dtype) if ctx.needs_input_grad[3] else None
-        return grad_q, grad_k, dv4.to(v.dtype), grad_lam, None, None, None, None
-
-
-def diff_attention_blocked(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    lambda_full: torch.Tensor | float,
-    *,
-    causal: bool = True,
-    attn_mask: torch.Tensor | None = None,
-    scale: float | None = None,
-    block_queries: int = DEFAULT_BLOCK_QUERIES,
-) -> torch.Tensor:
-    """Same contract as :func:`~difftransformer.ops.diff_attention_reference`, at the baseline's FLOPs.
-
-    Args:
-        q: (B, h, T, 2d); k, v: (B, h_kv, S, 2d); lambda_full: scalar (a 0-d tensor gets a gradient).
-        causal, attn_mask, scale: as for the reference.
-        block_queries: queries per block (fewer with GQA: n_rep heads share a block's keys).
-
-    Returns:
-        (B, h, T, 2d) in q's dtype. Its memory is laid out as (B, T, h, 2d), so ``out.transpose(1, 2)``
-        is contiguous and the output projection reads it without a copy.
-    """
-    batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v)
-    if not isinstance(block_queries, int) or block_queries < 1:
-        raise ValueError(f"block_queries must be a positive integer; got {block_queries!r}")
-    mask = None
-    if attn_mask is not None:
-        mask = build_attend_mask(batch, q_len, kv_len, causal=causal, attn_mask=attn_mask, device=q.device)
-    if not isinstance(lambda_full, torch.Tensor):
-        lambda_full = torch.tensor(
-            float(lambda_full), dtype=torch.promote_types(q.dtype, torch.float32), device=q.device
-        )
-    scale = head_dim**-0.5 if scale is None else float(scale)
-    return _BlockedDiffAttention.apply(q, k, v, lambda_full, mask, causal, scale, block_queries)
 
 
 # ---- difftransformer/ops/decode.py -----------------------------------------------------------------------
@@ -434,54 +273,32 @@ def _flex_maps(
 
 
 # ---- difftransformer/ops/native.py -----------------------------------------------------------------------
-# Where native (C++) kernels plug into the operators: a registry of one set of CPU kernels.
+# Where the operators find the package's C++ kernels for CPU float32 (:mod:`~difftransformer.ops.fused_cpu`).
 #
 # The operators (:func:`~difftransformer.ops.diff_attention`, :func:`~difftransformer.ops.rms_norm`,
-# :func:`~difftransformer.ops.lambda_full`) are written in PyTorch and exact on their own. :mod:`~difftransformer.ops.
-# fused_cpu` registers its C++ kernels here when the package is imported; where nothing is registered (the model code
-# a saved folder carries, which has no C++ source) or the kernels could not be built, every operator takes its
-# PyTorch path. The operators never import the kernels' module, so the model code runs without it.
-class NativeKernels(Protocol):
-    """Operators backed by C++ kernels for CPU float32 (``ops/csrc``), each with the contract of the PyTorch
-    operator it stands in for: ``diff_attention`` that of :func:`~difftransformer.ops.diff_attention` without a mask
-    (forward and backward), ``decode`` the same for a few queries at inference with q given unrotated beside its
-    ``rotary`` embedding, ``rms_norm`` and ``lambda_full`` those of :func:`~difftransformer.ops.rms_norm` and
-    :func:`~difftransformer.ops.lambda_full` at inference."""
-
-    def diff_attention(self, q, k, v, lambda_full, causal: bool, scale: float | None) -> torch.Tensor: ...
-    def decode(self, q, k, v, lambda_full, causal: bool, scale: float | None, rotary) -> torch.Tensor: ...
-    def rms_norm(self, x, weight, eps: float, scale: float) -> torch.Tensor: ...
-    def lambda_full(self, q1, k1, q2, k2, lambda_init: float) -> float: ...
+# :func:`~difftransformer.ops.lambda_full`) are written in PyTorch and exact on their own; each asks
+# :func:`cpu_kernels_for` whether a C++ kernel can take its inputs. The kernels' module is package-only: in the model
+# code a saved folder carries (models/remote_code.py) ``cpp_kernels`` is None, and every operator takes its PyTorch
+# path.
+CppKernels = None  # package-only (models/remote_code.py): not in this file
 
 
-_loader: Callable[[], NativeKernels | None] | None = None
-
-
-def register_native_kernels(loader: Callable[[], NativeKernels | None]) -> None:
-    """Register the function that returns the C++ kernels (building them on first use), or None where they cannot
-    be built."""
-    global _loader
-    _loader = loader
-
-
-def native_kernels() -> NativeKernels | None:
-    """The registered C++ kernels, built, or None (none registered, or the build failed)."""
-    return None if _loader is None else _loader()
+cpp_kernels = None  # package-only (models/remote_code.py): not in this file
 
 
 # Tensors the kernels read as they are: a subclass (FSDP2's DTensor, a fake tensor) has no storage of its own.
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def cpu_kernels_for(*tensors: torch.Tensor) -> NativeKernels | None:
+def cpu_kernels_for(*tensors: torch.Tensor) -> CppKernels | None:
     """The C++ kernels if they can run on ``tensors``: all plain float32 CPU tensors, outside ``torch.compile`` (the
-    kernels are opaque to it); else None."""
-    if _loader is None or torch.compiler.is_compiling():
+    kernels are opaque to it), and built; else None."""
+    if cpp_kernels is None or torch.compiler.is_compiling():
         return None
     for tensor in tensors:
         if type(tensor) not in _PLAIN or not tensor.is_cpu or tensor.dtype != torch.float32:
             return None
-    return _loader()
+    return cpp_kernels()
 
 
 # ---- difftransformer/ops/reference.py --------------------------------------------------------------------
@@ -653,15 +470,24 @@ def diff_attention_sdpa(
 # One entry point for differential attention: the single place where a kernel is chosen.
 #
 # The rule (transformers' one ``ALL_ATTENTION_FUNCTIONS[...]`` lookup; flash-linear-attention's "ops have no hidden
-# dispatch"): :func:`choose_backend` names the kernel from the requested backend and the inputs, and
-# :func:`diff_attention` runs that one kernel. No kernel function chooses another. A layer makes one call,
-# passing its queries' rotary embedding as an argument, which the C++ decode step fuses and the dispatcher applies
-# before every other kernel. The C++ kernels are found through :mod:`difftransformer.ops.native`, where the package
-# registers them: without them (a saved folder's model code) the PyTorch kernels serve every input.
+# dispatch"): :func:`choose_backend` names the kernel from transformers' ``attn_implementation``, the requested
+# backend and the inputs, and :func:`diff_attention` runs that one kernel. No kernel function chooses another. A layer
+# makes one call, passing its queries' rotary embedding as an argument, which the C++ decode step fuses and the
+# dispatcher applies before every other kernel. The C++ kernels and the blocked path are package-only
+# (:mod:`difftransformer.ops.fused_cpu`, :mod:`difftransformer.ops.blocked`): the model code a saved folder carries
+# leaves them out, and there the PyTorch kernels serve every input.
+diff_attention_blocked = None  # package-only (models/remote_code.py): not in this file
+
+
 Backend = Literal["auto", "reference", "sdpa", "blocked", "decode", "fused_cpu", "flex"]
 
 
 BACKENDS: tuple[str, ...] = ("auto", "reference", "sdpa", "blocked", "decode", "fused_cpu", "flex")
+
+
+# transformers' attn_implementation -> the backend it runs; "sdpa" (transformers' default) runs the requested
+# backend ("auto": chosen per device, dtype and shape below).
+IMPLEMENTATIONS = {"sdpa": None, "eager": "reference", "flex_attention": "flex", "paged|eager": "reference"}
 
 
 # Thresholds of backend="auto", measured with `difftransformer bench` (docs/performance.md).
@@ -681,18 +507,46 @@ _MASKED_KERNELS = {
 }
 
 
+def check_implementation(implementation: str | None) -> None:
+    """Raise ValueError, saying why, for an ``attn_implementation`` differential attention cannot run: flash
+    attention (its value is as wide as its queries and keys) and functions registered with transformers (one
+    softmax map a head, where these kinds subtract two)."""
+    if (implementation or "sdpa") in IMPLEMENTATIONS:
+        return
+    if "flash" in implementation:
+        why = (
+            "flash-attention kernels take a value as wide as the queries and keys, and a differential head's value "
+            "(2d) is twice the width of each of its maps' queries and keys (d)"
+        )
+    else:
+        why = (
+            "an attention function registered with transformers computes one softmax map per head, and "
+            "differential attention subtracts two before multiplying the value"
+        )
+    raise ValueError(
+        f"attn_implementation must be one of {tuple(IMPLEMENTATIONS)} for DIFF V1 and GDA (attention='diff', "
+        f"'gda'): got {implementation!r}, which they cannot run: {why}. The other kinds take it"
+    )
+
+
 def _native_applies(q: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
-    """Where the C++ kernels run: registered and built, CPU float32, no mask, outside torch.compile."""
+    """Where the C++ kernels run: in the package, built, CPU float32, no mask, outside torch.compile."""
     return attn_mask is None and cpu_kernels_for(q) is not None
 
 
 def choose_backend(
-    q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None = None, backend: Backend = "auto"
+    q: torch.Tensor,
+    k: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    backend: Backend = "auto",
+    implementation: str | None = None,
 ) -> str:
     """The kernel that runs for q (B, h, T, 2d) and k (B, h_kv, S, 2d): a name from :data:`BACKENDS` (not "auto"),
     or "decode_cpu" (the C++ decode step).
 
-    ``backend="auto"`` picks by device, dtype and shape:
+    ``implementation`` (transformers' ``attn_implementation``) comes first: "eager" and "paged|eager" run the
+    reference, "flex_attention" FlexAttention, "sdpa" or None ``backend``; any other is refused
+    (:func:`check_implementation`). ``backend="auto"`` then picks by device, dtype and shape:
 
     - T <= 16 queries (decode, short blocks): "decode", which reads the cache once, as the baseline's step.
     - CPU float32 without a mask (causal or full), outside ``torch.compile``, where the C++ kernel builds:
@@ -705,6 +559,8 @@ def choose_backend(
     "decode" (chosen or requested) runs as "decode_cpu" at inference (no grad) under the C++ kernels' conditions:
     the same single read of K and V without SDPA's fixed cost, which dominates a one-token step.
     """
+    check_implementation(implementation)
+    backend = IMPLEMENTATIONS[implementation or "sdpa"] or backend
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
     if backend == "auto":
@@ -713,7 +569,8 @@ def choose_backend(
         elif _native_applies(q, attn_mask):
             return "fused_cpu"
         elif (
-            q.device.type == "cpu"
+            diff_attention_blocked is not None
+            and q.device.type == "cpu"
             and q.dtype in (torch.float32, torch.float64)
             and k.shape[-2] <= BLOCKED_MAX_KEYS_CPU
         ):
@@ -722,6 +579,10 @@ def choose_backend(
             return "sdpa"
     if backend == "decode" and not torch.is_grad_enabled() and _native_applies(q, attn_mask):
         return "decode_cpu"
+    if backend == "blocked" and diff_attention_blocked is None:
+        raise ValueError(
+            "backend 'blocked' is the package's CPU path, not in a saved folder's code; use 'auto' or 'sdpa'"
+        )
     if backend == "fused_cpu":
         if attn_mask is not None:
             raise ValueError("backend 'fused_cpu' takes no attn_mask (causal or full only); got a mask")
@@ -743,6 +604,7 @@ def diff_attention(
     attn_mask: torch.Tensor | None = None,
     scale: float | None = None,
     backend: Backend = "auto",
+    implementation: str | None = None,
     rotary: QueryRotary | None = None,
 ) -> torch.Tensor:
     """Differential attention in the paired layout (see :mod:`difftransformer.ops.common`).
@@ -761,12 +623,14 @@ def diff_attention(
             read once), "fused_cpu" (C++ kernel, CPU float32, no attn_mask), "flex" (compiled
             FlexAttention, one call with the 2d-wide V; inference only on the CPU), or "auto"
             (:func:`choose_backend`, which never picks "flex": it is not measured ahead of the others).
+        implementation: transformers' ``attn_implementation``, which comes before ``backend``
+            (:func:`choose_backend`).
         rotary: q is given before its rotary embedding, which rotates each of its halves (Q1 and Q2), or None.
 
     Returns:
         (B, h, T, 2d): head i's output ``(A1 - lambda A2) V_g``.
     """
-    kernel = choose_backend(q, k, attn_mask, backend)
+    kernel = choose_backend(q, k, attn_mask, backend, implementation)
     if kernel == "decode_cpu":  # the one kernel that fuses the rotation; choose_backend saw grad mode off
         return cpu_kernels_for(q).decode(q, k, v, lambda_full, causal, scale, rotary)
     if rotary is not None:
@@ -985,43 +849,6 @@ SublnMode = Literal["affine", "plain", "none"]
 SUBLN_MODES: tuple[str, ...] = ("affine", "plain", "none")
 
 
-# transformers' attn_implementation -> the operator backend DIFF V1 runs ("sdpa", transformers' default, runs the
-# config's attention_backend: "auto" picks per device, dtype and shape, the fused C++ kernel on CPU float32).
-IMPLEMENTATION_BACKENDS = {
-    "sdpa": None,
-    "eager": "reference",
-    "flex_attention": "flex",
-    "paged|eager": "reference",
-}
-
-
-def implementation_backend(implementation: str | None, attention_backend: str = "auto") -> str:
-    """The :func:`~difftransformer.ops.diff_attention` backend for transformers' ``attn_implementation``; any
-    other implementation raises ValueError saying why DIFF V1 cannot run it."""
-    implementation = implementation or "sdpa"
-    if implementation in IMPLEMENTATION_BACKENDS:
-        return IMPLEMENTATION_BACKENDS[implementation] or attention_backend
-    if "flash" in implementation:
-        why = (
-            "flash-attention kernels take a value as wide as the queries and keys, and a DIFF V1 head's value "
-            "(2d) is twice the width of each of its maps' queries and keys (d)"
-        )
-    else:
-        why = (
-            "an attention function registered with transformers computes one softmax map per head, and DIFF V1 "
-            "subtracts two before multiplying the value"
-        )
-    raise ValueError(
-        f"attn_implementation must be one of {tuple(IMPLEMENTATION_BACKENDS)} for attention='diff' (DIFF V1): "
-        f"got {implementation!r}, which it cannot run: {why}. DIFF V2 and the softmax baseline take it"
-    )
-
-
-def depth_lambda_init(layer_idx: int) -> float:
-    """The paper's depth schedule, l counted from 0: 0.8 - 0.6 exp(-0.3 l)."""
-    return 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
-
-
 class LambdaVectors(nn.Module):
     """The four lambda vectors of a DIFF V1 layer, d entries each, kept in float32 whatever the model's dtype.
 
@@ -1056,21 +883,23 @@ class LambdaVectors(nn.Module):
 
 
 class DiffAttention(nn.Module):
-    """Multi-head differential attention with GQA and a KV cache.
+    """Multi-head differential attention with GQA and a KV cache (Ye et al., arXiv 2410.05258, §2.1: Eq. 1 the two
+    maps and their difference, Eq. 2 lambda, Eq. 3 the per-head norm and the (1 - lambda_init) scale).
 
     Projections have the matched Transformer's shapes: q d_model -> 2h*d, k and v d_model -> 2h_kv*d,
     o 2h*d -> d_model. Their outputs are read in the paired layout of :mod:`difftransformer.ops.common`
     (head i's Q1 | Q2 are q columns [2i d, (2i+2) d)): each differential head is ``head_dim`` = 2d wide, as
     its value and its cache entries are, and each of its maps reads ``map_head_dim`` = d of it. Head counts are
-    read from the projections' outputs, so a tensor-parallel shard of the projections runs as it is.
+    read from the projections' outputs, so a tensor-parallel shard of the projections runs as it is. The queries
+    come from :meth:`queries`, the one step grouped differential attention changes.
 
     Args:
         config: the model's configuration: ``hidden_size``, ``num_attention_heads`` (h, half the matched
             Transformer's), ``num_key_value_heads`` (h_kv), ``head_dim`` (2d; an upcycled model's heads are
-            wider than hidden_size / h), ``lambda_init`` ("depth" or a constant), ``lambda_std``, ``subln`` (per-head
-            RMSNorm with a gain "affine", without "plain", or none "none"), ``subln_eps``, ``rope_style``,
-            ``causal``, ``attention_backend``; ``_attn_implementation`` picks the operator backend
-            (:func:`implementation_backend`) at each call.
+            wider than hidden_size / h), ``noise_heads`` (h: one second map a head), ``lambda_init`` ("depth" or a
+            constant), ``lambda_std``, ``subln`` (per-head RMSNorm with a gain "affine", without "plain", or none
+            "none"), ``subln_eps``, ``rope_style``, ``causal``, ``attention_backend``; ``_attn_implementation``
+            picks the operator backend (:func:`~difftransformer.ops.choose_backend`) at each call.
         layer_idx: 0-based depth, for lambda_init and the cache.
     """
 
@@ -1079,14 +908,14 @@ class DiffAttention(nn.Module):
         self.config, self.layer_idx = config, layer_idx
         self.head_dim = config.head_dim
         self.map_head_dim = self.head_dim // 2
-        lambda_init = config.lambda_init
-        self.lambda_init = depth_lambda_init(layer_idx) if lambda_init == "depth" else float(lambda_init)
+        self.lambda_init = config.layer_lambda_init(layer_idx)
         self.out_scale = 1.0 - self.lambda_init  # the paper's fixed output scale, after the per-head norm
         self.rope_style, self.is_causal = config.rope_style, config.causal
         self.logits_hook: LogitsHook | None = None
 
         hidden, width = config.hidden_size, self.head_dim
-        self.q_proj = nn.Linear(hidden, config.num_attention_heads * width, bias=False)
+        query_maps = config.num_attention_heads + config.noise_heads
+        self.q_proj = nn.Linear(hidden, query_maps * self.map_head_dim, bias=False)
         self.k_proj = nn.Linear(hidden, config.num_key_value_heads * width, bias=False)
         self.v_proj = nn.Linear(hidden, config.num_key_value_heads * width, bias=False)
         self.o_proj = nn.Linear(config.num_attention_heads * width, hidden, bias=False)
@@ -1109,6 +938,11 @@ class DiffAttention(nn.Module):
     def lambda_full(self) -> torch.Tensor | float:
         """The layer's scalar lambda: exp(q1.k1) - exp(q2.k2) + lambda_init, not clamped."""
         return self.lambda_vectors(self.lambda_init)
+
+    def queries(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """q (B, h, T, 2d) in the paired layout, unrotated: head i's Q1 | Q2, a view of q_proj's output."""
+        batch, q_len, _ = hidden_states.shape
+        return self.q_proj(hidden_states).view(batch, q_len, -1, self.head_dim).transpose(1, 2)
 
     def forward(
         self,
@@ -1139,9 +973,7 @@ class DiffAttention(nn.Module):
         cos, sin = position_embeddings
         # q goes to the operator unrotated with its rotary embedding (the C++ decode step rotates it in the kernel);
         # k is rotated before the cache, in the projection's (B, T, sub-heads, d) layout, each of K1, K2 a sub-head.
-        q = (
-            self.q_proj(hidden_states).view(batch, q_len, -1, self.head_dim).transpose(1, 2)
-        )  # Q1 | Q2 per head
+        q = self.queries(hidden_states)  # Q1 | Q2 per head
         k = self.k_proj(hidden_states).view(batch, q_len, -1, self.map_head_dim)
         k = apply_rotary(k, cos.unsqueeze(2), sin.unsqueeze(2), self.rope_style)
         k = k.view(batch, q_len, -1, self.head_dim).transpose(1, 2)  # K1 | K2 per KV head
@@ -1166,17 +998,10 @@ class DiffAttention(nn.Module):
                 logits_hook=hook, return_maps=output_attentions or output_component_maps,
             )  # fmt: skip
         else:
-            backend = implementation_backend(self.config._attn_implementation, self.config.attention_backend)
             out = diff_attention(
-                q,
-                k,
-                v,
-                self.lambda_full(),
-                causal=causal,
-                attn_mask=attention_mask,
-                backend=backend,
-                rotary=rotary,
-            )
+                q, k, v, self.lambda_full(), causal=causal, attn_mask=attention_mask, rotary=rotary,
+                backend=self.config.attention_backend, implementation=self.config._attn_implementation,
+            )  # fmt: skip
         out = out * self.out_scale if self.subln is None else self.subln(out, self.out_scale)
         out = self.o_proj(out.transpose(1, 2).reshape(batch, q_len, -1))
         if output_component_maps:
@@ -1219,6 +1044,10 @@ def eager_attention_forward(
 class SoftmaxAttention(nn.Module):
     """Llama-style attention over ``num_attention_heads`` heads of width ``head_dim``.
 
+    The kinds built on it (DIFF V2, gated attention) say how many d-wide row blocks their ``q_proj`` holds per head
+    (:attr:`q_blocks_per_head`) and how many of those are query heads of the one attention call
+    (:attr:`query_heads_per_head`); k_proj, v_proj and o_proj are the baseline's.
+
     Args:
         config: the model's configuration (``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``,
             ``head_dim``, ``rope_style``, ``causal``); its ``_attn_implementation`` picks the attention function at
@@ -1226,30 +1055,41 @@ class SoftmaxAttention(nn.Module):
         layer_idx: 0-based depth, the layer's slot in the KV cache.
     """
 
+    #: q_proj's d-wide row blocks per head: the head's query heads, then any gate
+    q_blocks_per_head = 1
+    #: query heads per head in the attention call
+    query_heads_per_head = 1
+
     def __init__(self, config: PreTrainedConfig, layer_idx: int) -> None:
         super().__init__()
         self.config, self.layer_idx = config, layer_idx
         self.head_dim = config.head_dim
         self.scaling = self.head_dim**-0.5
         self.rope_style, self.is_causal = config.rope_style, config.causal
-        self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
+        heads = config.num_attention_heads
+        self.num_key_value_groups = self.query_heads_per_head * heads // config.num_key_value_heads
         self.logits_hook: LogitsHook | None = None
         hidden, width = config.hidden_size, config.head_dim
-        self.q_proj = nn.Linear(hidden, config.num_attention_heads * width, bias=False)
+        self.q_proj = nn.Linear(hidden, self.q_blocks_per_head * heads * width, bias=False)
         self.k_proj = nn.Linear(hidden, config.num_key_value_heads * width, bias=False)
         self.v_proj = nn.Linear(hidden, config.num_key_value_heads * width, bias=False)
-        self.o_proj = nn.Linear(config.num_attention_heads * width, hidden, bias=False)
+        self.o_proj = nn.Linear(heads * width, hidden, bias=False)
 
     def project(
-        self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        queries: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Project and rotate: q (B, H_q, T, d) with H_q = q_proj's heads, k and v (B, H_kv, T, d)."""
+        """Project and rotate: q (B, H_q, T, d), k and v (B, H_kv, T, d). ``queries`` (B, T, H_q, d) are q_proj's
+        query heads where a kind reads more than queries from it (the gate); by default all of q_proj."""
         batch, q_len, _ = hidden_states.shape
-        q = self.q_proj(hidden_states).view(batch, q_len, -1, self.head_dim)
+        if queries is None:
+            queries = self.q_proj(hidden_states).view(batch, q_len, -1, self.head_dim)
         k = self.k_proj(hidden_states).view(batch, q_len, -1, self.head_dim)
         v = self.v_proj(hidden_states).view(batch, q_len, -1, self.head_dim)
         cos, sin = position_embeddings[0].unsqueeze(2), position_embeddings[1].unsqueeze(2)
-        q = apply_rotary(q, cos, sin, self.rope_style)
+        q = apply_rotary(queries, cos, sin, self.rope_style)
         k = apply_rotary(k, cos, sin, self.rope_style)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
@@ -1301,12 +1141,12 @@ class DiffAttentionV2(SoftmaxAttention):
     d_model * h * (d + 1) per layer.
     """
 
+    q_blocks_per_head = 2
+    query_heads_per_head = 2
+
     def __init__(self, config: PreTrainedConfig, layer_idx: int) -> None:
         super().__init__(config, layer_idx)
-        heads = config.num_attention_heads
-        self.num_key_value_groups = 2 * heads // config.num_key_value_heads
-        self.q_proj = nn.Linear(config.hidden_size, 2 * heads * self.head_dim, bias=False)
-        self.lambda_proj = nn.Linear(config.hidden_size, heads, bias=False)
+        self.lambda_proj = nn.Linear(config.hidden_size, config.num_attention_heads, bias=False)
 
     def forward(
         self,
@@ -1341,6 +1181,259 @@ class DiffAttentionV2(SoftmaxAttention):
         if not maps:
             return out, None
         return out, (combined, first, second) if output_component_maps else combined
+
+
+# ---- difftransformer/layers/gated_attention.py -----------------------------------------------------------
+# Gated attention (Qiu et al., "Gated Attention for Large Language Models: Non-linearity, Sparsity, and
+# Attention-Sink-Free", NeurIPS 2025, arXiv 2505.06708): softmax attention whose output is multiplied, head by head
+# and element by element, by a sigmoid gate of the layer's input, before the output projection.
+class GatedAttention(SoftmaxAttention):
+    """The baseline's attention with the paper's best gate: position G1 (the SDPA output, before o_proj), head-specific,
+    elementwise, multiplicative, sigmoid (§2.2, Eq. 5: Y' = Y * sigmoid(X W_theta), X the normalised input of the
+    layer):
+
+        out = o_proj(concat_i(attn_i(x) * sigmoid(x W_gate_i))), W_gate_i d_model -> d.
+
+    q_proj holds, head by head, the query (d rows) then the gate (d rows): the layout of transformers'
+    ``Qwen3NextAttention``, whose q_proj "produces the query and the gate", so its weights load as they are. That
+    module also normalises q and k per head and rotates a quarter of each head; this one keeps the matched baseline's
+    queries and keys (full-width rotation, no norm), so that the gate is the only difference to the baseline.
+    Extra parameters over the baseline: the gate's h * d * d_model rows of q_proj a layer.
+    """
+
+    q_blocks_per_head = 2
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        output_attentions: bool = False,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """hidden_states (B, T, d_model) -> (B, T, d_model), and the softmax map (B, h, T, S) with
+        ``output_attentions`` (the gate scales the heads' outputs, not the map)."""
+        batch, q_len, _ = hidden_states.shape
+        queries, gate = self.q_proj(hidden_states).view(batch, q_len, -1, 2 * self.head_dim).chunk(2, dim=-1)
+        q, k, v = self.project(hidden_states, position_embeddings, queries)
+        if past_key_values is not None:
+            k, v = past_key_values.update(k, v, self.layer_idx)
+        out, probs = self.attend(q, k, v, attention_mask, output_attentions, **kwargs)  # (B, T, h, d)
+        gate = torch.sigmoid(gate.to(torch.promote_types(gate.dtype, torch.float32))).to(out.dtype)
+        out = self.o_proj((out * gate).reshape(batch, q_len, -1))
+        return out, probs if output_attentions else None
+
+
+# ---- difftransformer/layers/grouped_diff_attention.py ----------------------------------------------------
+# Grouped differential attention (GDA; Lim et al., "Grouped Differential Attention", arXiv 2510.06949, §2.2): DIFF
+# V1 with more heads for the signal maps than for the noise maps, each noise map shared by a group of signal heads as
+# GQA shares keys.
+class GroupedDiffAttention(DiffAttention):
+    """DIFF V1's attention with h signal heads and n = h / G noise maps, G = ``gda_ratio``.
+
+    q_proj's output is n groups of G signal sub-heads then one noise sub-head, each d wide (group j: Q1 of heads
+    jG ... jG + G - 1, then Q2_j; the layout of Motif's GDA models), so at G = 1 it is DIFF V1's adjacent Q1 | Q2
+    layout and the module computes DIFF V1 on the same weights. Signal head s subtracts noise map s // G (the GDA
+    paper's controlled repetition of the noise heads), with the KV group g = s // (h / h_kv) of both:
+
+        head_s = (softmax(Q1_s K1_g^T / sqrt(d)) - lambda softmax(Q2_{s // G} K2_g^T / sqrt(d))) V_g,
+
+    then, as in DIFF V1 (Ye et al., arXiv 2410.05258, Eq. 1-3), one scalar lambda a layer, the per-head norm over the
+    2d features and the (1 - lambda_init) scale; o_proj reads h heads of width 2d. The configuration checks that
+    h_kv divides n, so a noise map and its G signal heads read one KV group.
+
+    Every DIFF V1 operator serves it: :meth:`queries` gives the operator the paired layout (Q1_s | Q2_{s // G}, 2d
+    wide a head), so a noise map is formed once for each of its G signal heads (the QK^T work of 2h maps where the
+    paper's kernel forms h + n); the KV cache, the maps returned and the hooks are DIFF V1's.
+    """
+
+    def __init__(self, config: PreTrainedConfig, layer_idx: int) -> None:
+        super().__init__(config, layer_idx)
+        self.noise_ratio = config.gda_ratio
+
+    def queries(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """q (B, h, T, 2d) in the paired layout, unrotated: signal head s's Q1 | its noise map's Q2."""
+        batch, q_len, _ = hidden_states.shape
+        groups = self.q_proj(hidden_states).view(batch, q_len, -1, self.noise_ratio + 1, self.map_head_dim)
+        signal, noise = groups[..., :-1, :], groups[..., -1:, :]
+        return torch.cat((signal, noise.expand_as(signal)), dim=-1).flatten(2, 3).transpose(1, 2)
+
+
+# ---- difftransformer/layers/kinds.py ---------------------------------------------------------------------
+# The attention kinds, each declared once: its layer, its parameter-matching rule against the matched softmax
+# baseline, and the facts every other place reads (the configuration, the models, compare's labels, the presets, the
+# vLLM plugin).
+#
+# A kind is one :class:`AttentionKind` in :data:`KINDS`. The configuration reads :data:`KIND_FACTS`, the plain-data
+# part of the declarations, which the configuration files a saved folder and the vLLM plugin carry hold as a literal
+# (models/remote_code.py writes them; a test checks both against the sources).
+# DIFF V1's and GDA's lambda vectors: the Llama-family names of the paper's code and DiffLlama -> ours (self_attn.).
+LAMBDA_RENAMINGS = {f"lambda_{name}": f"lambda_vectors.{name}" for name in ("q1", "k1", "q2", "k2")}
+
+
+@dataclass(frozen=True)
+class AttentionKind:
+    """One attention kind.
+
+    Args:
+        name: ``config.attention``.
+        label: its name in reports and tables.
+        layer: the attention module, built as ``layer(config, layer_idx)``.
+        match: the parameter-matching rule: ``match(baseline, **fields)`` is this kind's configuration for the
+            matched softmax ``baseline`` (every field but the attention's kept), with this kind's own ``fields``.
+        matching: that rule in words, with the parameters it adds over the baseline.
+        differential_heads: heads of two maps over a 2d-wide value, normalised per head (DIFF V1, GDA): the cache
+            holds 2d-wide entries and the fields ``map_dim``, ``subln``, ``lambda_init``, ``lambda_std`` and
+            ``attention_backend`` apply.
+        fields: configuration fields of this kind alone (any other kind keeps their defaults).
+        tp_plan: tensor-parallel entries beside the baseline's (keys under the base model, as ``base_model_tp_plan``).
+        keep_in_fp32: submodules kept in float32 whatever the model's dtype (``_keep_in_fp32_modules_strict``).
+        renamings: parameter names under ``self_attn.`` in the Llama-family checkpoints of this kind -> ours.
+        serving: the vLLM plugin's attention for it (serving/vllm: ``ATTENTIONS``).
+        maps: what ``output_attentions`` returns: "softmax" (one map a head), "lambda" (A1 - lambda A2, lambda a
+            scalar) or "gate" (A_2i - sigmoid(lambda_i(x)) A_2i+1, per token).
+    """
+
+    name: str
+    label: str
+    layer: type[nn.Module]
+    match: Callable[..., PreTrainedConfig]
+    matching: str
+    differential_heads: bool = False
+    fields: tuple[str, ...] = ()
+    tp_plan: Mapping[str, str] = field(default_factory=dict)
+    keep_in_fp32: tuple[str, ...] = ()
+    renamings: Mapping[str, str] = field(default_factory=dict)
+    serving: str = "softmax"
+    maps: str = "softmax"
+
+    def facts(self) -> dict:
+        """The declaration's plain data (no classes or functions), as the configuration reads it."""
+        return dict(
+            label=self.label,
+            differential_heads=self.differential_heads,
+            fields=self.fields,
+            tp_plan=dict(self.tp_plan),
+            keep_in_fp32=self.keep_in_fp32,
+            renamings=dict(self.renamings),
+            serving=self.serving,
+            maps=self.maps,
+        )
+
+
+def _same_heads(kind: str) -> Callable[..., PreTrainedConfig]:
+    def match(baseline: PreTrainedConfig) -> PreTrainedConfig:
+        return dataclasses.replace(baseline, attention=kind)
+
+    return match
+
+
+def _halved_heads(baseline: PreTrainedConfig) -> PreTrainedConfig:
+    heads, kv_heads = baseline.num_attention_heads, baseline.num_key_value_heads
+    if heads % 2 or kv_heads % 2:
+        raise ValueError(
+            "DIFF V1 halves the baseline's heads and KV heads: num_attention_heads and num_key_value_heads must be "
+            f"even; got {heads} and {kv_heads}"
+        )
+    return dataclasses.replace(
+        baseline, attention="diff", num_attention_heads=heads // 2, num_key_value_heads=kv_heads // 2
+    )
+
+
+def _grouped_heads(baseline: PreTrainedConfig, gda_ratio: int = 1) -> PreTrainedConfig:
+    if not isinstance(gda_ratio, int) or isinstance(gda_ratio, bool) or gda_ratio < 1:
+        raise ValueError(f"gda_ratio must be a positive integer; got {gda_ratio!r}")
+    heads, kv_heads, width = baseline.num_attention_heads, baseline.num_key_value_heads, baseline.head_dim
+    group = gda_ratio + 1  # a noise map and its signal heads
+    maps = group * -(-heads // group)  # the baseline's heads, rounded up to whole groups
+    noise = maps // group
+    return dataclasses.replace(
+        baseline,
+        attention="gda",
+        num_attention_heads=gda_ratio * noise,
+        num_key_value_heads=math.gcd(max(kv_heads // 2, 1), noise),
+        gda_ratio=gda_ratio,
+        map_dim=None if maps * width == baseline.hidden_size else width,
+    )
+
+
+SOFTMAX = AttentionKind(
+    name="softmax",
+    label="Transformer",
+    layer=SoftmaxAttention,
+    match=_same_heads("softmax"),
+    matching="the matched baseline itself: H heads of width d over H_kv KV heads",
+)
+
+
+DIFF = AttentionKind(
+    name="diff",
+    label="DIFF",
+    layer=DiffAttention,
+    match=_halved_heads,
+    matching=(
+        "h = H / 2 differential heads of two d-wide maps (h_kv = H_kv / 2 KV groups): q, k, v and o_proj have the "
+        "baseline's shapes; adds 4d lambda entries a layer, and 2d with subln='affine'"
+    ),
+    differential_heads=True,
+    keep_in_fp32=("lambda_vectors",),
+    renamings=LAMBDA_RENAMINGS,
+    serving="differential",
+    maps="lambda",
+)
+
+
+GDA = AttentionKind(
+    name="gda",
+    label="GDA",
+    layer=GroupedDiffAttention,
+    match=_grouped_heads,
+    matching=(
+        "the baseline's H query heads, rounded up to M, a multiple of G + 1 (G = gda_ratio), as maps of width d: "
+        "n = M / (G + 1) noise maps and h = G n signal heads over gcd(H_kv / 2, n) KV groups (a noise map and its "
+        "signal heads read one); q_proj has M d rows (the baseline's H d where G + 1 divides H), o_proj reads h "
+        "heads of 2d (2h d columns for the baseline's H d), k_proj and v_proj 2d rows a KV group (the baseline's "
+        "H_kv d with H_kv / 2 groups), and DIFF V1's lambda vectors and gain; at G = 1 DIFF V1's shapes"
+    ),
+    differential_heads=True,
+    fields=("gda_ratio",),
+    keep_in_fp32=("lambda_vectors",),
+    renamings=LAMBDA_RENAMINGS,
+    serving="differential",
+    maps="lambda",
+)
+
+
+DIFF_V2 = AttentionKind(
+    name="diff_v2",
+    label="DIFF V2",
+    layer=DiffAttentionV2,
+    match=_same_heads("diff_v2"),
+    matching=(
+        "the baseline's H heads, each a pair of query heads over the baseline's K/V: adds d_model H (d + 1) a layer "
+        "(q_proj's second H d rows and lambda_proj)"
+    ),
+    tp_plan={"layers.*.self_attn.lambda_proj": "colwise"},
+    serving="diff_v2",
+    maps="gate",
+)
+
+
+GATED = AttentionKind(
+    name="gated",
+    label="Gated attention",
+    layer=GatedAttention,
+    match=_same_heads("gated"),
+    matching="the baseline's H heads with a d-wide gate each: adds d_model H d a layer (q_proj's gate rows)",
+    serving="gated",
+)
+
+
+KINDS: dict[str, AttentionKind] = {kind.name: kind for kind in (DIFF, GDA, DIFF_V2, GATED, SOFTMAX)}
+
+
+KIND_FACTS: dict[str, dict] = {name: kind.facts() for name, kind in KINDS.items()}
 
 
 # ---- difftransformer/layers/mlp.py -----------------------------------------------------------------------
@@ -1613,14 +1706,16 @@ def strict_from_pretrained(load: Callable[..., Any], folder: Any, *args: Any, **
 
 
 # ---- difftransformer/models/modeling.py ------------------------------------------------------------------
-# DIFF V1, DIFF V2 and the matched softmax Transformer as Hugging Face causal language models.
-# DIFF V1's lambda vectors live in their own float32 submodule and are saved under those names
+# The attention kinds' language models (DIFF V1, GDA, DIFF V2, gated attention and the matched softmax Transformer)
+# as Hugging Face causal language models; each layer's attention is its kind's module (layers/kinds.py).
+# DIFF V1's and GDA's lambda vectors live in their own float32 submodule and are saved under those names
 # (`self_attn.lambda_vectors.q1` ...), so that tools reading the file by parameter name (accelerate's
 # load_checkpoint_and_dispatch) find them. The Llama-family names of the paper's code and DiffLlama
 # (`self_attn.lambda_q1` ...) are the "original format" of transformers' conversion machinery: folders saved with
 # them still load (this mapping on from_pretrained, _load_from_state_dict on load_state_dict), and
-# revert_weight_conversion gives them (the DiffLlama conversion reads it).
-LAMBDA_KEYS = {f"lambda_{name}": f"lambda_vectors.{name}" for name in ("q1", "k1", "q2", "k2")}
+# revert_weight_conversion gives them (the DiffLlama conversion reads it). The kinds declare them (their
+# ``renamings``); transformers keys the mapping by model type, which the kinds share.
+LAMBDA_KEYS = {old: new for kind in KINDS.values() for old, new in kind.renamings.items()}
 
 
 def lambda_renamings() -> list[WeightRenaming]:
@@ -1635,16 +1730,13 @@ register_checkpoint_conversion_mapping(
 )
 
 
-ATTENTION_MODULES = {"diff": DiffAttention, "diff_v2": DiffAttentionV2, "softmax": SoftmaxAttention}
-
-
 class DiffTransformerDecoderLayer(GradientCheckpointingLayer):
     """Pre-RMSNorm block: y = x + attn(norm(x)); out = y + mlp(norm(y))."""
 
     def __init__(self, config: DiffTransformerConfig, layer_idx: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.self_attn = ATTENTION_MODULES[config.attention](config, layer_idx)
+        self.self_attn = KINDS[config.attention].layer(config, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
 
@@ -1669,7 +1761,7 @@ class DiffTransformerPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["DiffTransformerDecoderLayer"]
     _skip_keys_device_placement = ["past_key_values"]
-    # The baseline and DIFF V2 run every implementation transformers registers; DIFF V1 the ones its operators
+    # The softmax kinds run every implementation transformers registers; DIFF V1 and GDA the ones their operators
     # can (get_correct_attn_implementation refuses the rest, saying why).
     _supports_sdpa = True
     _supports_flash_attn = True
@@ -1679,9 +1771,9 @@ class DiffTransformerPreTrainedModel(PreTrainedModel):
 
     def __init__(self, config: DiffTransformerConfig, *inputs, **kwargs) -> None:
         super().__init__(config, *inputs, **kwargs)
-        # exp() of a half-precision dot product is too coarse for lambda: DIFF V1 loads its lambda vectors in float32
-        # whatever the dtype (their own submodule, so that FSDP2 groups them apart from the bf16 projections).
-        self._keep_in_fp32_modules_strict = ["lambda_vectors"] if config.attention == "diff" else []
+        # exp() of a half-precision dot product is too coarse for lambda: DIFF V1 and GDA load their lambda vectors in
+        # float32 whatever the dtype (their own submodule, so that FSDP2 groups them apart from the bf16 projections).
+        self._keep_in_fp32_modules_strict = list(KINDS[config.attention].keep_in_fp32)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
@@ -1712,15 +1804,15 @@ class DiffTransformerPreTrainedModel(PreTrainedModel):
     def get_correct_attn_implementation(
         self, requested_attention: str | None, is_init_check: bool = False
     ) -> str:
-        """transformers' check and, for DIFF V1, only the implementations its operators run
-        (:func:`~difftransformer.layers.diff_attention.implementation_backend` says why it refuses the others:
-        before transformers looks for a flash-attention package, after it has refused an unknown name)."""
-        is_diff = self.config.attention == "diff"
-        if is_diff and requested_attention in ALL_ATTENTION_FUNCTIONS:
-            implementation_backend(requested_attention)
+        """transformers' check and, for DIFF V1 and GDA, only the implementations their operators run
+        (:func:`~difftransformer.ops.check_implementation` says why it refuses the others: before transformers
+        looks for a flash-attention package, after it has refused an unknown name)."""
+        differential = self.config.differential_heads
+        if differential and requested_attention in ALL_ATTENTION_FUNCTIONS:
+            check_implementation(requested_attention)
         implementation = super().get_correct_attn_implementation(requested_attention, is_init_check)
-        if is_diff:
-            implementation_backend(implementation)
+        if differential:
+            check_implementation(implementation)
         return implementation
 
     @torch.no_grad()

@@ -1,13 +1,13 @@
-"""vLLM serving throughput of DIFF V2, DIFF V1 and the matched softmax Transformer, and vLLM against transformers'
-``generate``, in one run (docs/performance.md, "Serving with vLLM").
+"""vLLM serving throughput of every attention kind (DIFF V2, DIFF V1, GDA, gated attention) and the matched softmax
+Transformer, and vLLM against transformers' ``generate``, in one run (docs/performance.md, "Serving with vLLM").
 
 Run from the package's environment after ``make test-serving`` has built the vLLM one:
-``.venv/bin/python scripts/bench_vllm.py [--batches 1 32] [--new-tokens 128] [--repeats 3]``. The three models have
+``.venv/bin/python scripts/bench_vllm.py [--batches 1 32] [--new-tokens 128] [--repeats 3]``. The models have
 the benchmark's shape (``difftransformer bench``: d_model 256, 4 layers, 4 DIFF heads against 8 baseline heads of
-width 32) with random weights; each generates ``--new-tokens`` tokens greedily (no stop) after the same 64-token
+width 32; GDA 3:1 and gated attention by their matching rules against that baseline) with random weights; each generates ``--new-tokens`` tokens greedily (no stop) after the same 64-token
 prompts, in float32 on the CPU. transformers' side runs here; vLLM's runs this file again in the vLLM environment
 (``--vllm-worker``: vLLM pins an older transformers), one in-process engine per model, all held at once, prefix
-caching off so that every round generates from scratch. On each side the three models take turns round by round in a
+caching off so that every round generates from scratch. On each side the models take turns round by round in a
 rotating order, so that the machine's drift reaches them alike. Prints tokens/s (median of ``--repeats`` rounds
 after a warm-up round each) and the ratios; ``--output`` writes them as JSON.
 """
@@ -30,6 +30,8 @@ from pathlib import Path
 KINDS = {
     "diff_v2": dict(attention="diff_v2", num_attention_heads=8, num_key_value_heads=8),
     "diff": dict(attention="diff", num_attention_heads=4, num_key_value_heads=4),
+    "gda": dict(attention="gda", num_attention_heads=6, gda_ratio=3, num_key_value_heads=2),
+    "gated": dict(attention="gated", num_attention_heads=8, num_key_value_heads=8),
     "softmax": dict(attention="softmax", num_attention_heads=8, num_key_value_heads=8),
 }
 SHAPE = dict(hidden_size=256, num_hidden_layers=4, vocab_size=4096, max_position_embeddings=1024)
@@ -113,6 +115,13 @@ def main() -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=list(KINDS),
+        default=list(KINDS),
+        help="the kinds served (softmax is always)",
+    )
     parser.add_argument("--vllm-python", default=".venv-vllm/bin/python")
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--vllm-worker", type=Path, default=None, help=argparse.SUPPRESS)
@@ -128,9 +137,10 @@ def main() -> int:
 
     from difftransformer import DiffTransformerConfig, DiffTransformerForCausalLM
 
+    kinds = {kind: KINDS[kind] for kind in KINDS if kind in args.kinds or kind == "softmax"}
     with tempfile.TemporaryDirectory() as work:
         folders = {}
-        for kind, fields in KINDS.items():
+        for kind, fields in kinds.items():
             torch.manual_seed(0)
             model = DiffTransformerForCausalLM(DiffTransformerConfig(**SHAPE, **fields))
             folders[kind] = str(Path(work) / kind)
@@ -154,7 +164,7 @@ def main() -> int:
         f"{'setting':<22}{'vLLM tok/s':>12}{'generate tok/s':>16}{'vLLM/generate':>15}{'kind/baseline (vLLM)':>22}"
     )
     for batch in args.batches:
-        for kind in KINDS:
+        for kind in kinds:
             key, base = f"{kind}/{batch}", f"softmax/{batch}"
             row = dict(
                 kind=kind,
@@ -179,7 +189,7 @@ def main() -> int:
             torch=torch.__version__,
             transformers=transformers.__version__,
             shape=SHAPE,
-            kinds=KINDS,
+            kinds=kinds,
             prompt_tokens=PROMPT_TOKENS,
             new_tokens=args.new_tokens,
             rows=rows,

@@ -1,5 +1,5 @@
-"""An independent float64 implementation of DIFF V1, DIFF V2 and the baseline, written from the papers with
-loops over heads.
+"""An independent float64 implementation of DIFF V1, GDA, DIFF V2, gated attention and the baseline, written from
+the papers with loops over heads.
 
 It reads only a state dict (the Llama-family checkpoint names of docs/architecture.md) and a handful of config numbers, so it checks
 our names and layouts as much as our arithmetic.
@@ -54,9 +54,17 @@ def naive_causal_lm(sd: dict[str, torch.Tensor], cfg, ids: torch.Tensor) -> torc
         q, k, v = (h @ sd[p + f"self_attn.{n}_proj.weight"].T for n in "qkv")
         heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         outs = []
-        if cfg.attention == "diff":
-            d = cfg.hidden_size // (2 * heads)
-            qs, ks, vs = q.view(t, 2 * heads, d), k.view(t, 2 * kv_heads, d), v.view(t, kv_heads, 2 * d)
+        theta = cfg.rope_parameters["rope_theta"]
+        if cfg.attention in ("diff", "gda"):
+            # GDA (Lim et al. §2.2): h signal heads, one noise map a group of G of them; DIFF V1 is G = 1.
+            ratio = cfg.gda_ratio if cfg.attention == "gda" else 1
+            noise = heads // ratio
+            d = cfg.map_dim or cfg.hidden_size // (heads + noise)
+            qs, ks, vs = (
+                q.view(t, noise, ratio + 1, d),
+                k.view(t, 2 * kv_heads, d),
+                v.view(t, kv_heads, 2 * d),
+            )
             lam_init = (
                 0.8 - 0.6 * math.exp(-0.3 * layer) if cfg.lambda_init == "depth" else float(cfg.lambda_init)
             )
@@ -65,16 +73,27 @@ def naive_causal_lm(sd: dict[str, torch.Tensor], cfg, ids: torch.Tensor) -> torc
             lam = torch.exp(a) - torch.exp(b) + lam_init
             for i in range(heads):
                 g = i // (heads // kv_heads)
+                group, member = divmod(i, ratio)
                 maps = []
-                for c in range(2):
-                    qi = rope(qs[:, 2 * i + c], pos, cfg.rope_parameters["rope_theta"], cfg.rope_style)
-                    kg = rope(ks[:, 2 * g + c], pos, cfg.rope_parameters["rope_theta"], cfg.rope_style)
+                for c, query in enumerate((qs[:, group, member], qs[:, group, ratio])):
+                    qi = rope(query, pos, theta, cfg.rope_style)
+                    kg = rope(ks[:, 2 * g + c], pos, theta, cfg.rope_style)
                     maps.append(softmax_rows(qi @ kg.T / math.sqrt(d), cfg.causal))
                 o = (maps[0] - lam * maps[1]) @ vs[:, g]
                 if cfg.subln != "none":
                     gain = sd[p + "self_attn.subln.weight"] if cfg.subln == "affine" else None
                     o = rms(o, gain, cfg.subln_eps)
                 outs.append(o * (1 - lam_init))
+        elif cfg.attention == "gated":
+            # Qiu et al. Eq. 5 at G1: each head's output times sigmoid of its gate, q_proj holding query | gate.
+            d = cfg.hidden_size // heads
+            qs, ks, vs = q.view(t, heads, 2 * d), k.view(t, kv_heads, d), v.view(t, kv_heads, d)
+            for i in range(heads):
+                g = i // (heads // kv_heads)
+                qi = rope(qs[:, i, :d], pos, theta, cfg.rope_style)
+                kg = rope(ks[:, g], pos, theta, cfg.rope_style)
+                attn = softmax_rows(qi @ kg.T / math.sqrt(d), cfg.causal) @ vs[:, g]
+                outs.append(attn * torch.sigmoid(qs[:, i, d:]))
         else:
             q_heads = 2 * heads if cfg.attention == "diff_v2" else heads
             d = cfg.hidden_size // heads
@@ -82,8 +101,8 @@ def naive_causal_lm(sd: dict[str, torch.Tensor], cfg, ids: torch.Tensor) -> torc
             per_head = []
             for j in range(q_heads):
                 g = j // (q_heads // kv_heads)
-                qj = rope(qs[:, j], pos, cfg.rope_parameters["rope_theta"], cfg.rope_style)
-                kg = rope(ks[:, g], pos, cfg.rope_parameters["rope_theta"], cfg.rope_style)
+                qj = rope(qs[:, j], pos, theta, cfg.rope_style)
+                kg = rope(ks[:, g], pos, theta, cfg.rope_style)
                 per_head.append(softmax_rows(qj @ kg.T / math.sqrt(d), cfg.causal) @ vs[:, g])
             if cfg.attention == "diff_v2":
                 gate = torch.sigmoid(h @ sd[p + "self_attn.lambda_proj.weight"].T)  # (T, h)

@@ -20,6 +20,8 @@ KINDS = {
     "softmax": dict(attention="softmax", num_attention_heads=4, num_key_value_heads=2),
     "diff_v2": dict(attention="diff_v2", num_attention_heads=4, num_key_value_heads=2),
     "diff": dict(attention="diff", num_attention_heads=2, num_key_value_heads=1),
+    "gda": dict(attention="gda", num_attention_heads=4, gda_ratio=2, num_key_value_heads=2, map_dim=6),
+    "gated": dict(attention="gated", num_attention_heads=4, num_key_value_heads=2),
 }
 # What transformers 5.23 registers and runs on a CPU: the flash-attention ones need CUDA and a flash package, and
 # "paged|eager" takes continuous batching's paged cache (test_continuous_batching_equals_greedy_generation).
@@ -65,10 +67,10 @@ def test_every_cpu_implementation_gives_the_same_logits_and_generation(kind, imp
     assert torch.equal(tokens, expected_tokens)
 
 
-@pytest.mark.parametrize("kind", ["softmax", "diff_v2"])
+@pytest.mark.parametrize("kind", ["softmax", "diff_v2", "gated"])
 def test_a_kernel_registered_with_the_attention_interface_runs_every_layer(kind):
-    """A user's attention function registered with transformers (here sdpa behind a counter) is what the baseline and
-    DIFF V2 call, once per layer and forward, as in Llama."""
+    """A user's attention function registered with transformers (here sdpa behind a counter) is what the baseline,
+    DIFF V2 and gated attention call, once per layer and forward, as in Llama."""
     calls = []
 
     def counted(module, *args, **kwargs):
@@ -86,9 +88,10 @@ def test_a_kernel_registered_with_the_attention_interface_runs_every_layer(kind)
     torch.testing.assert_close(logits, expected, atol=1e-6, rtol=1e-6)
 
 
-def test_diff_v1_refuses_a_registered_kernel_saying_why():
+@pytest.mark.parametrize("kind", ["diff", "gda"])
+def test_diff_v1_and_gda_refuse_a_registered_kernel_saying_why(kind):
     AttentionInterface.register("counted_sdpa", sdpa_attention_forward)
-    model = random_model(seed=2, dtype=torch.float32, **KINDS["diff"])
+    model = random_model(seed=2, dtype=torch.float32, **KINDS[kind])
     with pytest.raises(ValueError, match="subtracts two before multiplying the value"):
         model.set_attn_implementation("counted_sdpa")
 

@@ -86,7 +86,9 @@ def test_step_peak_bytes_sees_a_transient_allocation():
 
 
 def test_contenders_share_one_function_and_decode_greedily():
-    models = build_models(TINY, 24, torch.device("cpu"), torch.float64, seed=3)
+    models = build_models(TINY, 24, torch.device("cpu"), torch.float64, seed=3, kinds=("gda", "gated"))
+    assert (models["gda"].config.num_attention_heads, models["gda"].config.gda_ratio) == (3, 3)
+    assert models["gated"].config.num_attention_heads == models["baseline"].config.num_attention_heads
     ids = random_ids(TINY, 10, torch.device("cpu"), seed=3)
     diff_logits = models["diff"](ids).logits
     torch.testing.assert_close(models["diffllama"](ids).logits, diff_logits)
@@ -128,8 +130,15 @@ def test_bench_command_end_to_end(tmp_path, capsys):
     sections = [r["section"] for r in payload["rows"]]
     assert sections == ["op"] * 3 + ["train", "decode", "decode", "memory"]
     assert all(r["diff_over_baseline"] > 0 for r in payload["rows"])
+    # GDA and gated attention beside DIFF, each against the baseline, where whole models are timed
+    for row in payload["rows"]:
+        expected = {"gda", "gated"} if row["section"] != "op" else set()
+        assert set(row["kinds_over_baseline"]) == expected and all(
+            v > 0 for v in row["kinds_over_baseline"].values()
+        )
     assert out.with_suffix(".png").stat().st_size > 0
-    assert "DIFF/base" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "DIFF/base" in printed and "GDA/base" in printed and "Gated/base" in printed
 
 
 def test_bench_command_refuses_bad_options():

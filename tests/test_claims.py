@@ -35,6 +35,7 @@ from difftransformer.compare.verdict import (
 )
 from difftransformer.models import DiffTransformerConfig
 from difftransformer.stats import wilson_interval
+from difftransformer.train.presets import get_preset
 from test_compare import planted_suite
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
@@ -142,6 +143,31 @@ def test_variants_parse_with_overrides_and_refuse_bad_ones():
             parse_variants(text)
     with pytest.raises(ValueError, match=r"variant diff\(subln=bogus\): subln must be one of"):
         parse_variant("diff(subln=bogus)").config(base)
+
+
+def test_gda_variants_take_their_ratio_through_the_matching_rule():
+    """``gda(gda_ratio=3)`` is GDA shaped from the preset's baseline by its matching rule, not the ratio-1 model with
+    a field changed; gated attention and GDA are labelled from their declarations."""
+    preset = get_preset("retrieval")
+    variants = parse_variants("diff,diff_v2,gda(gda_ratio=3),gda(gda_ratio=4),gated,softmax")
+    assert [v.label for v in variants] == [
+        "DIFF", "DIFF V2", "GDA (gda_ratio=3)", "GDA (gda_ratio=4)", "Gated attention", "Transformer",
+    ]  # fmt: skip
+    assert [v.slug for v in variants] == [
+        "diff", "diff_v2", "gda-gda_ratio-3", "gda-gda_ratio-4", "gated", "softmax",
+    ]  # fmt: skip
+    assert all(parse_variant(v.spec()) == v for v in variants)
+    for variant in variants:
+        config = variant.config(preset.model_config(variant.kind))
+        assert config.to_dict() == preset.model_config(variant.kind, **variant.overrides).to_dict(), variant
+    three = variants[2].config(preset.model_config("gda"))
+    assert (three.num_attention_heads, three.noise_heads, three.num_key_value_heads) == (3, 1, 1)
+    with pytest.raises(ValueError, match=r"variant gda\(gda_ratio=0\): gda_ratio must be a positive integer"):
+        parse_variant("gda(gda_ratio=0)").config(preset.model_config("gda"))
+    with pytest.raises(
+        ValueError, match=r"variant diff\(gda_ratio=3\): gda_ratio is for attention='gda' only"
+    ):
+        parse_variant("diff(gda_ratio=3)").config(preset.model_config("diff"))
 
 
 def record(

@@ -64,6 +64,23 @@ def test_diff_v2_panels_are_the_paired_maps_and_their_gated_difference():
         np.testing.assert_allclose(difference, first - per_token * second, atol=1e-5)
 
 
+def test_gda_panels_share_each_noise_map_among_its_signal_heads():
+    model = random_model(
+        dtype=torch.float32, attention="gda", num_attention_heads=3, gda_ratio=3, num_key_value_heads=1
+    )
+    heads = [heatmap_panels(model, IDS, head) for head in range(3)]
+    for layer, per_head in zip(model.model.layers, zip(*heads)):
+        lam = float(torch.as_tensor(layer.self_attn.lambda_full()).detach())
+        for (t1, a1), (_, a2), (t3, difference) in per_head:
+            assert (t1, t3) == ("A1", f"A1 - {lam:.3f} A2")
+            causal_probabilities(a1)
+            causal_probabilities(a2)
+            np.testing.assert_allclose(difference, a1 - lam * a2, atol=1e-5)
+        # one noise map for the three signal heads of the group, three different signal maps
+        np.testing.assert_array_equal(per_head[0][1][1], per_head[2][1][1])
+        assert not np.allclose(per_head[0][0][1], per_head[1][0][1], atol=1e-3)
+
+
 def test_softmax_and_diffllama_panels():
     softmax = random_model(dtype=torch.float32, attention="softmax", num_attention_heads=4)
     layers = heatmap_panels(softmax, IDS)

@@ -1,4 +1,5 @@
-"""Every eval task end to end through ``difftransformer eval`` on tiny checkpoints (ours and a Llama)."""
+"""Every eval task end to end through ``difftransformer eval`` on tiny checkpoints (ours of every kind and a
+Llama)."""
 
 from __future__ import annotations
 
@@ -29,11 +30,18 @@ def checkpoints(tmp_path_factory):
     special = dict(bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
                    pad_token_id=tokenizer.eos_token_id)  # fmt: skip
     torch.manual_seed(0)
+    ours = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                max_position_embeddings=256, **special)  # fmt: skip
     models = {
-        "difftransformer": DiffTransformerForCausalLM(DiffTransformerConfig(
-            vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-            num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256, **special,
-        )),
+        "difftransformer": DiffTransformerForCausalLM(
+            DiffTransformerConfig(num_attention_heads=2, num_key_value_heads=2, **ours)
+        ),
+        "gda": DiffTransformerForCausalLM(
+            DiffTransformerConfig(attention="gda", num_attention_heads=3, gda_ratio=3, num_key_value_heads=1, **ours)
+        ),
+        "gated": DiffTransformerForCausalLM(
+            DiffTransformerConfig(attention="gated", num_attention_heads=4, num_key_value_heads=2, **ours)
+        ),
         "llama": LlamaForCausalLM(LlamaConfig(
             vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, **special,
@@ -52,7 +60,7 @@ def checkpoints(tmp_path_factory):
     return paths, text
 
 
-@pytest.mark.parametrize("family", ["difftransformer", "llama"])
+@pytest.mark.parametrize("family", ["difftransformer", "gda", "gated", "llama"])
 @pytest.mark.parametrize("task", list(TASK_OPTIONS))
 def test_every_task_runs(checkpoints, tmp_path, task, family):
     paths, text = checkpoints

@@ -33,6 +33,8 @@ KINDS = {
     "diff": dict(attention="diff", num_attention_heads=2, num_key_value_heads=1),
     "diff_v2": dict(attention="diff_v2", num_attention_heads=4, num_key_value_heads=2),
     "softmax": dict(attention="softmax", num_attention_heads=4, num_key_value_heads=2),
+    "gda": dict(attention="gda", num_attention_heads=4, gda_ratio=2, num_key_value_heads=2, map_dim=4),
+    "gated": dict(attention="gated", num_attention_heads=4, num_key_value_heads=2),
 }
 
 
@@ -120,10 +122,10 @@ class _CommonTests(ModelTesterMixin):
         pass
 
     def test_reverse_loading_mapping(self):
-        if self.kind != "diff":
+        if self.kind not in ("diff", "gda"):
             self.skipTest(
-                "the registered key mapping renames DIFF V1's lambda vectors; this kind has none (transformers keys "
-                "mappings by model type, which the three kinds share)"
+                "the registered key mapping renames DIFF V1's and GDA's lambda vectors; this kind has none "
+                "(transformers keys mappings by model type, which the kinds share)"
             )
         # Our save_pretrained writes the in-memory names (what tools reading a checkpoint by parameter name find);
         # the mapping's original format, DiffLlama's lambda names, is what save_original_format=True writes.
@@ -155,6 +157,14 @@ class TestSoftmaxCommonFast(_CommonTests, unittest.TestCase):
     kind, fast = "softmax", True
 
 
+class TestGDACommonFast(_CommonTests, unittest.TestCase):
+    kind, fast = "gda", True
+
+
+class TestGatedCommonFast(_CommonTests, unittest.TestCase):
+    kind, fast = "gated", True
+
+
 @pytest.mark.slow
 class TestDiffV1Common(_CommonTests, unittest.TestCase):
     kind, fast = "diff", False
@@ -168,6 +178,16 @@ class TestDiffV2Common(_CommonTests, unittest.TestCase):
 @pytest.mark.slow
 class TestSoftmaxCommon(_CommonTests, unittest.TestCase):
     kind, fast = "softmax", False
+
+
+@pytest.mark.slow
+class TestGDACommon(_CommonTests, unittest.TestCase):
+    kind, fast = "gda", False
+
+
+@pytest.mark.slow
+class TestGatedCommon(_CommonTests, unittest.TestCase):
+    kind, fast = "gated", False
 
 
 # Generation: GenerationTesterMixin is not in the sdist, so the features its tests cover (and that failed on DIFF V1

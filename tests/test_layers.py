@@ -14,7 +14,6 @@ from difftransformer.layers import (
     RMSNorm,
     RotaryEmbedding,
     apply_rotary,
-    depth_lambda_init,
     interleaved_to_half_permutation,
 )
 
@@ -135,7 +134,7 @@ def test_diff_attention_module_standalone_with_padding_mask():
     attn = DiffAttention(
         layer_config(num_attention_heads=2, num_key_value_heads=1, subln="plain"), 3
     ).double()
-    assert attn.lambda_init == pytest.approx(depth_lambda_init(3))
+    assert attn.lambda_init == pytest.approx(0.8 - 0.6 * math.exp(-0.3 * 3))  # the schedule at layer 3
     x = torch.randn(2, 6, 64, dtype=torch.float64)
     cos, sin = RotaryEmbedding(dim=attn.map_head_dim)(x, torch.arange(6)[None].expand(2, -1))
     causal = torch.ones(6, 6, dtype=torch.bool).tril()[None, None].expand(2, 1, 6, 6).clone()

@@ -13,7 +13,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, StaticCache
 
 from difftransformer import DiffTransformerConfig, DiffTransformerForCausalLM, DiffTransformerModel
-from difftransformer.layers import DiffAttention, attention_logits_hook
+from difftransformer.layers import KINDS, DiffAttention, attention_logits_hook
 from helpers import random_model, tiny_config
 from naive_model import checkpoint_state, naive_causal_lm
 
@@ -31,8 +31,25 @@ OTHER_VARIANTS = [
     dict(attention="diff", lambda_init=0.5),
     dict(attention="diff", causal=False),
     dict(attention="diff", tie_word_embeddings=True),
+    dict(attention="gda", num_attention_heads=3, gda_ratio=3, num_key_value_heads=1),
+    dict(
+        attention="gda",
+        num_attention_heads=4,
+        gda_ratio=2,
+        num_key_value_heads=2,
+        map_dim=6,
+        rope_style="half",
+    ),
+    dict(attention="gda", num_attention_heads=4, gda_ratio=2, num_key_value_heads=1, map_dim=4, subln="none"),
+    dict(
+        attention="gda", num_attention_heads=2, gda_ratio=2, num_key_value_heads=1, map_dim=8, lambda_init=0.5
+    ),
+    dict(attention="gated", num_attention_heads=4, num_key_value_heads=4),
+    dict(attention="gated", num_attention_heads=4, num_key_value_heads=2, rope_style="half"),
 ]
-ALL_KINDS = [dict(attention="diff", num_key_value_heads=1), OTHER_VARIANTS[1], OTHER_VARIANTS[3]]
+GDA = dict(attention="gda", num_attention_heads=4, gda_ratio=2, num_key_value_heads=2, map_dim=6)
+GATED = dict(attention="gated", num_attention_heads=4, num_key_value_heads=2)
+ALL_KINDS = [dict(attention="diff", num_key_value_heads=1), OTHER_VARIANTS[1], OTHER_VARIANTS[3], GDA, GATED]
 
 
 def variant_id(fields: dict) -> str:
@@ -57,11 +74,12 @@ def test_float32_model_is_close_to_float64(fields):
     torch.testing.assert_close(model32(ids).logits.double(), model64(ids).logits, atol=2e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("fields", [ALL_KINDS[0], GDA], ids=variant_id)
 @pytest.mark.parametrize("backend", ["reference", "sdpa", "blocked", "decode"])
-def test_every_diff_backend_gives_the_same_model(backend):
+def test_every_diff_backend_gives_the_same_model(backend, fields):
     ids = torch.randint(0, 97, (2, 9))
-    auto = random_model(seed=2, **ALL_KINDS[0])
-    forced = random_model(seed=2, attention_backend=backend, **ALL_KINDS[0])
+    auto = random_model(seed=2, **fields)
+    forced = random_model(seed=2, attention_backend=backend, **fields)
     torch.testing.assert_close(forced(ids).logits, auto(ids).logits, atol=1e-10, rtol=1e-9)
 
 
@@ -76,7 +94,9 @@ def test_every_attention_implementation_gives_the_same_model(fields, implementat
     torch.testing.assert_close(forced(ids).logits, default(ids).logits, atol=1e-10, rtol=1e-9)
 
 
-@pytest.mark.parametrize("fields", [DIFF_VARIANTS[4], DIFF_VARIANTS[9], OTHER_VARIANTS[5]], ids=variant_id)
+@pytest.mark.parametrize(
+    "fields", [DIFF_VARIANTS[4], DIFF_VARIANTS[9], OTHER_VARIANTS[5], GDA], ids=variant_id
+)
 def test_float32_model_on_the_fused_cpu_kernel_matches_float64(fields):
     """The path training takes on CPU: logits and every parameter gradient against the float64 model."""
     model64 = random_model(seed=6, **fields)
@@ -169,6 +189,23 @@ def test_parameter_counts_differ_by_lambda_vectors_and_gain():
         - DiffTransformerForCausalLM(v2.matched_baseline()).num_parameters()
     )
     assert extra == v2.num_hidden_layers * v2.hidden_size * heads * (d + 1)
+    gated = tiny_config(attention="gated", num_attention_heads=4, num_key_value_heads=2)
+    extra = (
+        DiffTransformerForCausalLM(gated).num_parameters()
+        - DiffTransformerForCausalLM(gated.matched_baseline()).num_parameters()
+    )
+    assert extra == gated.num_hidden_layers * gated.hidden_size * gated.num_attention_heads * gated.head_dim
+    # GDA at ratio 3 matched to 4 heads of width 8 (d_model 32): 3 signal heads and 1 noise map (q_proj as the
+    # baseline's), o_proj reads 3 heads of 16 (48 columns, the baseline's 32), one KV group (16 K and 16 V rows, the
+    # baseline's 32 each), lambda vectors (4 x 8) and the gain (16)
+    baseline = tiny_config(attention="softmax", num_attention_heads=4)
+    gda = KINDS["gda"].match(baseline, gda_ratio=3)
+    extra = (
+        DiffTransformerForCausalLM(gda).num_parameters()
+        - DiffTransformerForCausalLM(baseline).num_parameters()
+    )
+    per_layer = (48 - 32) * 32 + 2 * (16 - 32) * 32 + 4 * 8 + 16
+    assert extra == gda.num_hidden_layers * per_layer
 
 
 def test_matched_baseline_doubles_heads_and_keeps_the_rest():
@@ -370,12 +407,12 @@ def test_return_dict_false_gives_tuples(fields):
 
 @pytest.mark.parametrize("fields", ALL_KINDS, ids=variant_id)
 def test_bfloat16_load_keeps_only_the_lambda_vectors_in_float32(fields, tmp_path):
-    """DIFF V1's lambda vectors stay float32 (their own module, so FSDP2 can group them); every other module's
+    """DIFF V1's and GDA's lambda vectors stay float32 (their own module, so FSDP2 can group them); every other module's
     parameters are uniformly bfloat16; lambda is still computed in float32."""
     model = random_model(seed=12, dtype=torch.float32, **fields)
     model.save_pretrained(tmp_path)
     loaded = DiffTransformerForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
-    is_diff = fields["attention"] == "diff"
+    is_diff = fields["attention"] in ("diff", "gda")  # the kinds with lambda vectors
     assert loaded._keep_in_fp32_modules_strict == ({"lambda_vectors"} if is_diff else set())
     for name, module in loaded.named_modules():
         dtypes = {p.dtype for p in module.parameters(recurse=False)}
@@ -488,7 +525,7 @@ def test_diff_v1_attn_implementation_picks_the_backend_or_is_refused(monkeypatch
     dispatcher = sys.modules["difftransformer.ops.diff_attention"]
     chosen = []
     choose = dispatcher.choose_backend
-    monkeypatch.setattr(dispatcher, "choose_backend", lambda *a: chosen.append(a[-1]) or choose(*a))
+    monkeypatch.setattr(dispatcher, "choose_backend", lambda *a: chosen.append(choose(*a)) or chosen[-1])
     model = random_model(seed=17, dtype=torch.float32, attention_backend="blocked", **ALL_KINDS[0])
     model.save_pretrained(tmp_path)
     ids = torch.randint(0, 97, (1, 20))

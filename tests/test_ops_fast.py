@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 from difftransformer.ops import (
     QueryRotary,
     choose_backend,
+    cpp_kernels,
     diff_attention,
     diff_attention_blocked,
     diff_attention_fused_cpu,
     diff_attention_reference,
     fused_cpu,
     lambda_full,
-    native_kernels,
     rms_norm,
     rotate_queries,
 )
@@ -123,7 +123,7 @@ def test_decode_cpu_kernel_matches_reference_at_inference(problem):
     expected, _ = diff_attention_reference(q, k, v, lam, causal=causal)
     with torch.no_grad():
         assert choose_backend(q.float(), k.float()) == "decode_cpu"
-        direct = native_kernels().decode(q.float(), k.float(), v.float(), lam.float(), causal, None, None)
+        direct = cpp_kernels().decode(q.float(), k.float(), v.float(), lam.float(), causal, None, None)
         dispatched = diff_attention(q.float(), k.float(), v.float(), lam.float(), causal=causal)
     for out in (direct, dispatched):
         torch.testing.assert_close(out.double(), expected, **TOL[torch.float32])
@@ -147,7 +147,7 @@ def test_rms_norm_inference_kernel_matches_the_definition(rows, width, gain, sca
     weight = torch.rand(width, generator=gen, dtype=torch.float64) + 0.5 if gain else None
     expected = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * scale
     expected = expected * weight if gain else expected
-    assert native_kernels() is not None
+    assert cpp_kernels() is not None
     with torch.no_grad():
         out = rms_norm(x.float(), None if weight is None else weight.float(), 1e-5, scale)
     assert out.dtype == torch.float32 and out.stride() == x.stride()
@@ -260,7 +260,7 @@ def test_choose_backend_is_the_one_rule():
     with pytest.raises(ValueError, match="backend must be one of"):
         choose_backend(q, k, backend="flash")
     with pytest.raises(ValueError, match="no backward"):
-        native_kernels().decode(q.requires_grad_(), k, k, 0.5, True, None, None)
+        cpp_kernels().decode(q.requires_grad_(), k, k, 0.5, True, None, None)
 
 
 def test_fused_cpu_reads_strided_inputs_and_merges_heads_in_memory():

@@ -44,6 +44,9 @@ def small_config(attention: str, **fields) -> DiffTransformerConfig:
         dict(attention="softmax", tie_word_embeddings=True),
         dict(attention="diff_v2", num_attention_heads=4),
         dict(attention="diff", subln="none"),
+        dict(attention="gda", num_attention_heads=3, gda_ratio=3, num_key_value_heads=1),
+        dict(attention="gda", num_attention_heads=4, gda_ratio=4, num_key_value_heads=1, map_dim=10),
+        dict(attention="gated", num_attention_heads=4, num_key_value_heads=2),
     ],
 )
 def test_meta_count_equals_a_real_model(fields):
@@ -69,14 +72,24 @@ def test_baseline_count_follows_the_llama_formula():
     assert count_parameters(config).total == 2 * v * h + layers * (4 * h * h + 3 * h * f + 2 * h) + h
 
 
-@pytest.mark.parametrize("attention", ["diff", "softmax", "diff_v2"])
+@pytest.mark.parametrize(
+    "attention, fields",
+    [
+        ("diff", {}),
+        ("softmax", {}),
+        ("diff_v2", {}),
+        ("gated", {}),
+        ("gda", dict(gda_ratio=2, num_key_value_heads=2)),
+        ("gda", dict(gda_ratio=4, num_key_value_heads=1, map_dim=12)),
+    ],
+)
 @pytest.mark.parametrize("bf16", [False, True])
-def test_extrapolated_activations_match_a_measured_forward(attention, bf16):
+def test_extrapolated_activations_match_a_measured_forward(attention, fields, bf16):
     """The rates come from narrow copies; a model of other widths and depth keeps what they predict."""
-    config = small_config(attention, hidden_size=96, intermediate_size=200, num_attention_heads=4)
+    config = small_config(attention, hidden_size=96, intermediate_size=200, num_attention_heads=4, **fields)
     rates = activation_rates(config, bf16=bf16)
     tokens = 96
-    backend = "sdpa" if attention == "diff" else "auto"  # the baseline and DIFF V2 take transformers' sdpa
+    backend = "sdpa" if config.differential_heads else "auto"  # the others take transformers' sdpa
     measured = saved_bytes(dataclasses.replace(config, attention_backend=backend), tokens, bf16=bf16)
     predicted = activation_bytes(rates, config.num_hidden_layers, tokens, gradient_checkpointing=False)
     assert predicted == pytest.approx(measured, rel=2e-3)

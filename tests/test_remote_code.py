@@ -26,6 +26,8 @@ KINDS = {
     "diff": dict(attention="diff", num_attention_heads=2, num_key_value_heads=1),
     "diff_v2": dict(attention="diff_v2", num_attention_heads=4, num_key_value_heads=2),
     "softmax": dict(attention="softmax", num_attention_heads=4, num_key_value_heads=2),
+    "gda": dict(attention="gda", num_attention_heads=4, gda_ratio=2, num_key_value_heads=2, map_dim=6),
+    "gated": dict(attention="gated", num_attention_heads=4, num_key_value_heads=2),
 }
 PACKAGE_ROOT = Path(difftransformer.__file__).resolve().parents[1]
 
@@ -296,3 +298,21 @@ def test_unexportable_model_code_is_refused_with_the_reason(tmp_path, monkeypatc
         remote_code.model_code()
     for name in [name for name in sys.modules if name.partition(".")[0] == "probe"]:
         monkeypatch.delitem(sys.modules, name)
+
+
+def test_package_only_modules_stay_out_of_the_flat_files():
+    """The C++ kernels, the blocked CPU path and the code writer are the package's: no flat file holds their code,
+    and each name the model modules import from them is None there, so the operators take their PyTorch paths."""
+    code = remote_code.model_code()
+    for module in remote_code.PACKAGE_ONLY:
+        source = module.replace(".", "/") + ".py"
+        assert all(f"# ---- {source} " not in text for text in code.values()), source
+    assigned_none = {
+        target.id
+        for text in code.values()
+        for node in ast.parse(text).body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and node.value.value is None
+        for target in node.targets
+    }
+    assert {"cpp_kernels", "diff_attention_blocked", "write_model_code"} <= assigned_none
+    assert "register_native_kernels" not in code[remote_code.MODELING_FILE]

@@ -1,4 +1,4 @@
-"""vLLM serves the three kinds exactly: the plugin of serving/vllm against the package's transformers models.
+"""vLLM serves every attention kind exactly: the plugin of serving/vllm against the package's transformers models.
 
 Run by ``make test-serving``, which builds the vLLM environment (``VLLM_PYTHON``); the package builds the folders
 and the expected tokens here (transformers 5.23), vLLM runs them in its environment (tests/vllm_runner.py), and the
@@ -39,7 +39,29 @@ BASE = dict(
 V1 = dict(attention="diff", num_attention_heads=2)
 V2 = dict(attention="diff_v2", num_attention_heads=4)
 SOFTMAX = dict(attention="softmax", num_attention_heads=4)
+GATED = dict(attention="gated", num_attention_heads=4)
 FOLDERS = {
+    "gda-r3-interleaved-affine": dict(
+        attention="gda", num_attention_heads=3, gda_ratio=3, num_key_value_heads=1
+    ),
+    "gda-r2-gqa-half-none": dict(
+        attention="gda",
+        num_attention_heads=4,
+        gda_ratio=2,
+        num_key_value_heads=2,
+        map_dim=32,
+        rope_style="half",
+        subln="none",
+        lambda_init=0.5,
+    ),  # fmt: skip
+    "gated-mha-interleaved": dict(GATED, num_key_value_heads=4),
+    "gated-gqa-half-tied-linear": dict(
+        GATED,
+        num_key_value_heads=2,
+        rope_style="half",
+        tie_word_embeddings=True,
+        rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0),
+    ),  # fmt: skip
     "softmax-mha-half": dict(SOFTMAX, num_key_value_heads=4, rope_style="half"),
     "softmax-gqa-interleaved-llama3": dict(
         SOFTMAX,
@@ -155,10 +177,12 @@ def served(tmp_path_factory) -> tuple[dict, list[dict]]:
     for seed, (name, fields) in enumerate(FOLDERS.items()):
         built[name] = build(root / name, random_model(seed=seed, dtype=torch.float32, **BASE, **fields))
     softmax = random_model(seed=40, dtype=torch.float32, **BASE, **FOLDERS["softmax-mha-half"])
-    for kind in ("diff_v2", "diff"):  # upcycled, then trained a little: random differential parameters
+    for kind in ("diff_v2", "diff", "gated"):  # upcycled, then trained a little: random new parameters
         built[f"upcycled-{kind}"] = build(
             root / f"upcycled-{kind}", randomize(upcycle(softmax, kind), seed=41)
         )
+    gqa = random_model(seed=43, dtype=torch.float32, **BASE, **dict(SOFTMAX, num_key_value_heads=2))
+    built["upcycled-gda"] = build(root / "upcycled-gda", randomize(upcycle(gqa, "gda", gda_ratio=2), seed=44))
     diffllama = DiffLlamaForCausalLM(
         DiffLlamaConfig(
             vocab_size=VOCAB, hidden_size=128, intermediate_size=192, num_hidden_layers=3, num_attention_heads=4,
@@ -178,9 +202,15 @@ def served(tmp_path_factory) -> tuple[dict, list[dict]]:
 def test_tiny_preset_runs_of_each_kind_serve_the_packages_tokens(tmp_path):
     """The folders `difftransformer train --preset tiny` writes serve as they are, for every kind."""
     built = []
-    for kind in ("softmax", "diff_v2", "diff"):
+    for kind, flags in (
+        ("softmax", []),
+        ("diff_v2", []),
+        ("diff", []),
+        ("gda", ["--gda-ratio", "3"]),
+        ("gated", []),
+    ):
         run = tmp_path / kind
-        argv = ["train", "--preset", "tiny", "--attention", kind, "--max-steps", "2", "--report-to", "none",
+        argv = ["train", "--preset", "tiny", "--attention", kind, *flags, "--max-steps", "2", "--report-to", "none",
                 "--output-dir", str(run)]  # fmt: skip
         assert cli.main(argv) == 0
         built.append(expected_of(run, DiffTransformerForCausalLM.from_pretrained(run).eval()))
@@ -193,7 +223,10 @@ def test_tiny_preset_runs_of_each_kind_serve_the_packages_tokens(tmp_path):
         assert_same_generations(result["rounds"][0], expected["expected"], expected["folder"])
 
 
-@pytest.mark.parametrize("name", [*FOLDERS, "upcycled-diff_v2", "upcycled-diff", "from-diffllama"])
+@pytest.mark.parametrize(
+    "name",
+    [*FOLDERS, "upcycled-diff_v2", "upcycled-diff", "upcycled-gated", "upcycled-gda", "from-diffllama"],
+)
 def test_vllm_generates_the_packages_tokens_and_logprobs(served, name):
     built, results = served
     result = results[list(built).index(name)]
@@ -215,7 +248,11 @@ def test_prefix_caching_serves_a_shared_prefix_from_the_cache_exactly(tmp_path):
             assert_same_generations(generations, built["expected"], "prefix caching")
 
 
-@pytest.mark.parametrize("fields", [FOLDERS["v2-mha-interleaved"], FOLDERS["v1-mha-interleaved-affine"]])
+@pytest.mark.parametrize(
+    "fields",
+    [FOLDERS[name] for name in ("v2-mha-interleaved", "v1-mha-interleaved-affine", "gda-r3-interleaved-affine",
+                                "gated-mha-interleaved")],
+)  # fmt: skip
 def test_bfloat16_first_tokens_equal_the_packages(tmp_path, fields):
     """In bfloat16 vLLM's first token is the package's, in bfloat16 and in float32, for every prompt whose float32
     winner leads by more than bfloat16's rounding can move (the two round differently, so a near tie may go

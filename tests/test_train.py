@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
+from difftransformer import DiffTransformerForCausalLM
 from difftransformer.data.needles import NeedleSpec
 from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.checkpoints import COMPLETE_MARKER, checkpoint_problem, last_good_checkpoint
@@ -152,9 +153,19 @@ def test_presets_match_the_paper():
         diff = PRESETS[name].model_config("diff")
         base = PRESETS[name].model_config("softmax")
         v2 = PRESETS[name].model_config("diff_v2")
+        gated = PRESETS[name].model_config("gated")
+        gda = PRESETS[name].model_config("gda", gda_ratio=3)
         assert (diff.hidden_size, diff.num_hidden_layers, diff.num_attention_heads) == (hidden, layers, heads)
         assert base.num_attention_heads == 2 * heads and base.attention == "softmax"
         assert v2.num_attention_heads == 2 * heads and v2.attention == "diff_v2"
+        assert gated.num_attention_heads == 2 * heads and gated.head_dim == base.head_dim
+        # GDA 3:1 spends the baseline's query heads as 3 signal heads to a noise map, rounded up to whole groups
+        maps = 4 * -(-2 * heads // 4)
+        assert (gda.num_attention_heads, gda.noise_heads, gda.map_head_dim) == (
+            3 * maps // 4,
+            maps // 4,
+            base.head_dim,
+        )
         # d: the baseline's head width, DIFF V1's map width (its value and cache are 2d wide).
         assert (
             base.head_dim == diff.map_head_dim == hidden // (2 * heads) and diff.head_dim == 2 * base.head_dim
@@ -168,6 +179,32 @@ def test_presets_match_the_paper():
         get_preset("7b")
     with pytest.raises(ValueError, match="`attention` must be one of"):
         PRESETS["tiny"].model_config("linear")
+
+
+@pytest.mark.parametrize(
+    "fields, shape",
+    [
+        (dict(), (2, 2, 2, None)),  # gda_ratio 1: DIFF V1's shape
+        (dict(gda_ratio=3), (3, 1, 1, None)),
+        (dict(gda_ratio=4), (4, 1, 1, 16)),
+    ],
+)
+def test_the_retrieval_preset_builds_gda_at_the_compared_ratios(fields, shape):
+    """The retrieval preset's baseline has 4 heads of width 16 (d_model 64): GDA 3:1 is 3 signal heads and 1 noise
+    map over one KV group; 4:1 needs 5 maps of width 16, one more than d_model holds, so map_dim keeps d."""
+    config = PRESETS["retrieval"].model_config("gda", **fields)
+    assert (
+        config.num_attention_heads,
+        config.noise_heads,
+        config.num_key_value_heads,
+        config.map_dim,
+    ) == shape
+    assert config.map_head_dim == 16 and config.head_dim == 32
+    model = DiffTransformerForCausalLM(config)
+    ids = torch.randint(0, config.vocab_size, (2, 12))
+    model(ids, labels=ids).loss.backward()
+    with pytest.raises(ValueError, match="gda_ratio is for attention='gda' only"):
+        PRESETS["retrieval"].model_config("diff", gda_ratio=3)
 
 
 def test_bad_blocks_are_refused(tmp_path, data):

@@ -1,5 +1,5 @@
-"""Upcycling a pretrained softmax model to DIFF V2 and DIFF V1: the same logits at step 0 (relative 1e-5, float32),
-every differential parameter trainable, and ``train --init-from`` continuing the result."""
+"""Upcycling a pretrained softmax model to DIFF V2, DIFF V1, GDA and gated attention: the same logits at step 0
+(relative 1e-5, float32), every new parameter trainable, and ``train --init-from`` continuing the result."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from difftransformer.convert import ConversionError, initial_model, load_softmax
 from test_convert_llama import assert_same_logits, random_llama
 from test_train_support import small_tokenizer, synthetic_texts
 
-KINDS = ("diff_v2", "diff")
+KINDS = ("diff_v2", "diff", "gated")
 
 
 def llama_folder(tmp_path, **overrides):
@@ -27,8 +27,17 @@ def llama_folder(tmp_path, **overrides):
     return folder, llama
 
 
-def convert(source, output, attention: str) -> DiffTransformerForCausalLM:
-    argv = ["convert", "--from-llama", str(source), "--attention", attention, "--output-dir", str(output)]
+def convert(source, output, attention: str, *flags: str) -> DiffTransformerForCausalLM:
+    argv = [
+        "convert",
+        "--from-llama",
+        str(source),
+        "--attention",
+        attention,
+        "--output-dir",
+        str(output),
+        *flags,
+    ]
     assert cli_main(argv) == 0
     return DiffTransformerForCausalLM.from_pretrained(output).eval()
 
@@ -49,7 +58,7 @@ def test_a_saved_llama_upcycles_with_the_same_logits(tmp_path, attention):
         assert_same_logits(ours(ids).logits, llama(ids).logits)
 
 
-@pytest.mark.parametrize("attention", KINDS)
+@pytest.mark.parametrize("attention", [*KINDS, "gda"])
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -65,8 +74,11 @@ def test_a_saved_llama_upcycles_with_the_same_logits(tmp_path, attention):
 def test_tied_and_rope_scaled_llamas_upcycle_exactly(attention, overrides):
     llama = random_llama(1, **overrides).float()
     ids = torch.randint(0, 101, (2, 90))  # past original_max_position_embeddings
+    fields = (
+        dict(gda_ratio=4) if attention == "gda" else {}
+    )  # 4 query heads on the one KV head: ratio 4 is exact
     with torch.no_grad():
-        assert_same_logits(upcycle(load_softmax(llama), attention)(ids).logits, llama(ids).logits)
+        assert_same_logits(upcycle(load_softmax(llama), attention, **fields)(ids).logits, llama(ids).logits)
 
 
 def test_upcycling_keeps_bf16_and_our_own_softmax_folders_upcycle_too(tmp_path):
@@ -134,6 +146,48 @@ def test_diff_v1_lambda_trains_at_the_first_backward_and_the_second_map_after_on
     assert all(float(layer.self_attn.lambda_full().detach()) != 0.0 for layer in model.model.layers)
     backward(model, ids)
     assert all(g.abs().max() > 0 for g in second_map_grads())
+
+
+def test_gda_upcycles_exactly_where_its_ratio_divides_the_query_heads_of_a_kv_head(tmp_path, capsys):
+    """4 query heads on 2 KV heads: GDA 2:1 (two signal heads and their noise map in each KV group) is exact, 4:1
+    is refused saying why; lambda trains at the first backward, the noise queries after one step (DIFF V1's
+    construction)."""
+    folder, llama = llama_folder(tmp_path)
+    ours = convert(folder, tmp_path / "gda", "gda", "--gda-ratio", "2")
+    assert (ours.config.num_attention_heads, ours.config.noise_heads, ours.config.num_key_value_heads) == (
+        4,
+        2,
+        2,
+    )
+    ids = torch.randint(0, 320, (2, 23))
+    with torch.no_grad():
+        assert_same_logits(ours(ids).logits, llama(ids).logits)
+    argv = ["convert", "--from-llama", str(folder), "--attention", "gda", "--gda-ratio", "4"]
+    assert cli_main([*argv, "--output-dir", str(tmp_path / "gda4")]) == 2
+    assert "--gda-ratio divides the source's query heads per KV head (4 / 2 = 2)" in capsys.readouterr().err
+    assert cli_main([*argv[:-4], "--gda-ratio", "2", "--output-dir", str(tmp_path / "x")]) == 2
+    assert "--gda-ratio is for --attention gda" in capsys.readouterr().err
+    backward(ours, ids)
+    for name, param in lambda_parameters(ours).items():
+        assert param.grad.abs().min() > 0, name
+    noise_rows = [
+        layer.self_attn.q_proj.weight.grad.unflatten(0, (2, 3, -1))[:, 2] for layer in ours.model.layers
+    ]
+    assert all(rows.abs().max() == 0 for rows in noise_rows)
+    torch.optim.SGD(ours.parameters(), lr=0.1).step()
+    backward(ours, ids)
+    assert all(layer.self_attn.q_proj.weight.grad.unflatten(0, (2, 3, -1))[:, 2].abs().max() > 0
+               for layer in ours.model.layers)  # fmt: skip
+
+
+def test_gated_gate_trains_at_the_first_backward():
+    model = upcycle(load_softmax(random_llama(2).float()), "gated")
+    backward(model, torch.randint(0, 101, (2, 19)))
+    for layer in model.model.layers:
+        attention = layer.self_attn
+        gate_rows = attention.q_proj.weight.unflatten(0, (4, 2, -1))[:, 1]
+        assert gate_rows.abs().max() == 0  # sigmoid(0) = 1/2, doubled by o_proj
+        assert attention.q_proj.weight.grad.unflatten(0, (4, 2, -1))[:, 1].abs().min() > 0
 
 
 def test_train_init_from_an_upcycled_folder(tmp_path, monkeypatch, capsys):

@@ -1,4 +1,5 @@
-"""`difftransformer bench`: DIFF against its matched baseline and transformers' DiffLlama, side by side.
+"""`difftransformer bench`: DIFF against its matched baseline and transformers' DiffLlama, side by side, with the
+other attention kinds (GDA, gated attention) against the same baseline.
 
 Every measurement interleaves the contenders in one process (one call each per round) and reports the
 median of ``--repeats`` rounds after ``--warmup`` calls each. Sections: the attention operator forward +
@@ -70,7 +71,7 @@ def bench_op(settings: BenchSettings, shape, device, dtype) -> list[dict]:
 def bench_train(settings: BenchSettings, shape, device, dtype) -> list[dict]:
     rows = []
     for length in settings.train_lengths:
-        models = build_models(shape, length, device, dtype, settings.seed)
+        models = build_models(shape, length, device, dtype, settings.seed, settings.kinds, settings.gda_ratio)
         ids = random_ids(shape, length, device, settings.seed)
         steps = {name: train_step_fn(model, ids) for name, model in models.items()}
         times = interleaved_medians(
@@ -83,7 +84,10 @@ def bench_train(settings: BenchSettings, shape, device, dtype) -> list[dict]:
 
 def bench_decode(settings: BenchSettings, shape, device, dtype) -> list[dict]:
     rows = []
-    models = build_models(shape, settings.prompt_len + settings.new_tokens, device, dtype, settings.seed)
+    models = build_models(
+        shape, settings.prompt_len + settings.new_tokens, device, dtype, settings.seed, settings.kinds,
+        settings.gda_ratio,
+    )  # fmt: skip
     for batch in settings.decode_batches:
         prompt = random_ids(shape, settings.prompt_len, device, settings.seed, batch=batch)
         runs = {name: GreedyDecode(model, prompt, settings.new_tokens) for name, model in models.items()}
@@ -104,7 +108,7 @@ def bench_decode(settings: BenchSettings, shape, device, dtype) -> list[dict]:
 def bench_memory(settings: BenchSettings, shape, device, dtype) -> list[dict]:
     rows = []
     for length in settings.train_lengths:
-        models = build_models(shape, length, device, dtype, settings.seed)
+        models = build_models(shape, length, device, dtype, settings.seed, settings.kinds, settings.gda_ratio)
         ids = random_ids(shape, length, device, settings.seed)
         values = {}
         for name, model in models.items():

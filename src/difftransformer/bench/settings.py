@@ -15,9 +15,12 @@ import torch
 from difftransformer.bench.workloads import BenchShape
 from difftransformer.errors import UsageError, check_seed
 from difftransformer.flags import torch_device
+from difftransformer.models import KINDS
 from difftransformer.ops import BACKENDS
 
 SECTIONS = ("op", "train", "decode", "memory")
+# The kinds a run may time beside DIFF V1 and the baseline (train, decode and memory), each by its matching rule.
+OTHER_KINDS = tuple(name for name in KINDS if name not in ("diff", "softmax"))
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 OP_BACKENDS = tuple(
     b for b in BACKENDS if b != "reference"
@@ -69,6 +72,14 @@ class BenchSettings:
         metadata=_help("DIFF heads (the baseline gets twice as many), as train's models count them"),
     )
     vocab_size: int = field(default=4096, metadata=_help("vocabulary size"))
+    kinds: tuple[Literal[OTHER_KINDS], ...] = field(
+        default=("gda", "gated"),
+        metadata=_help("the other attention kinds timed beside DIFF and the baseline in the train, decode and "
+                       "memory sections, each by its matching rule against the baseline"),
+    )  # fmt: skip
+    gda_ratio: int = field(
+        default=3, metadata=_help("GDA's signal heads per noise map (with gda in --kinds)")
+    )
     batch: int = field(default=4, metadata=_help("train-step batch size"))
     repeats: int = field(default=5, metadata=_help("timed rounds per measurement (their median; at least 5)"))
     warmup: int = field(default=2, metadata=_help("untimed calls per contender before timing"))
@@ -109,7 +120,7 @@ class BenchSettings:
             )
         for name, lowest, highest in (("op_batch", 1, MAX_BATCH), ("batch", 1, MAX_BATCH),
                                       ("prompt_len", 1, MAX_LENGTH), ("new_tokens", 2, MAX_LENGTH),
-                                      ("num_hidden_layers", 1, 1024), ("vocab_size", 4, 2**24),
+                                      ("num_hidden_layers", 1, 1024), ("vocab_size", 4, 2**24), ("gda_ratio", 1, 64),
                                       ("warmup", 0, 1000), ("repeats", 5, 1000)):  # fmt: skip
             value = getattr(self, name)
             if not lowest <= value <= highest:

@@ -1,7 +1,9 @@
 """What `difftransformer bench` measures: the attention operator, a train step, greedy decode, peak memory.
 
 Contenders share one random init: the baseline is built from the same seed, and DiffLlama is converted
-from our DIFF model (:func:`difftransformer.convert.to_diffllama`), so it computes the same function.
+from our DIFF model (:func:`difftransformer.convert.to_diffllama`), so it computes the same function. The other
+attention kinds benchmarked beside them (GDA, gated attention) follow the baseline by their matching rules
+(layers/kinds.py), each built from the same seed.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from difftransformer import DiffTransformerConfig, DiffTransformerForCausalLM
+from difftransformer.models import KINDS
 from difftransformer.ops import diff_attention
 
 
@@ -50,9 +53,16 @@ def diff_config(shape: BenchShape, max_len: int) -> DiffTransformerConfig:
 
 
 def build_models(
-    shape: BenchShape, max_len: int, device: torch.device, dtype: torch.dtype, seed: int
+    shape: BenchShape,
+    max_len: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int,
+    kinds: tuple[str, ...] = (),
+    gda_ratio: int = 3,
 ) -> dict[str, nn.Module]:
-    """{"diff", "baseline", "diffllama"}: DIFF, matched_baseline() and transformers' DiffLlama, same init."""
+    """{"diff", "baseline", "diffllama", *kinds}: DIFF, matched_baseline(), transformers' DiffLlama and the other
+    attention ``kinds`` by their matching rules against that baseline (GDA at ``gda_ratio``), same seed."""
     from difftransformer.convert import to_diffllama  # transformers' DiffLlama only when benchmarked
 
     config = diff_config(shape, max_len)
@@ -60,10 +70,12 @@ def build_models(
     diff = DiffTransformerForCausalLM(config)
     torch.manual_seed(seed)
     baseline = DiffTransformerForCausalLM(config.matched_baseline())
-    diffllama = to_diffllama(diff)
-    return {name: m.to(device=device, dtype=dtype) for name, m in [
-        ("diff", diff), ("baseline", baseline), ("diffllama", diffllama)
-    ]}  # fmt: skip
+    models = {"diff": diff, "baseline": baseline, "diffllama": to_diffllama(diff)}
+    for kind in kinds:
+        fields = {"gda_ratio": gda_ratio} if "gda_ratio" in KINDS[kind].fields else {}
+        torch.manual_seed(seed)
+        models[kind] = DiffTransformerForCausalLM(KINDS[kind].match(baseline.config, **fields))
+    return {name: model.to(device=device, dtype=dtype) for name, model in models.items()}
 
 
 def random_ids(shape: BenchShape, length: int, device: torch.device, seed: int, batch: int | None = None):

@@ -63,7 +63,8 @@ class ComparisonSettings:
     variants: tuple[Variant, ...] = _option(
         tuple(parse_variants("diff,softmax")),
         "models to train, comma-separated: an attention kind (diff: DIFF V1 as the paper specifies it; softmax: "
-        "the matched baseline; diff_v2) with optional config overrides in parentheses, e.g. "
+        "the matched baseline; diff_v2; gda, its signal heads per noise map as gda_ratio; gated) with optional "
+        "config overrides in parentheses, e.g. "
         "'diff,diff(subln=none),diff_v2,softmax'; each is reported under a name saying what it is, and every "
         "other variant is judged against softmax",
         parse=parse_variants,

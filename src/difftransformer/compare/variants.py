@@ -8,9 +8,9 @@ import re
 from dataclasses import dataclass, field
 
 from difftransformer.errors import UsageError
-from difftransformer.models import ATTENTION_KINDS, DiffTransformerConfig
+from difftransformer.models import ATTENTION_KINDS, KINDS, DiffTransformerConfig
 
-KIND_LABELS = {"diff": "DIFF", "softmax": "Transformer", "diff_v2": "DIFF V2"}
+KIND_LABELS = {name: kind.label for name, kind in KINDS.items()}
 BASELINE = "softmax"
 _VARIANT = re.compile(r"^\s*([a-z_0-9]+)\s*(?:\((.*)\))?\s*$", re.DOTALL)
 # Fields a variant may not override: they define the kind and the matched shape, which the preset decides.
@@ -51,12 +51,18 @@ class Variant:
         return self.kind == BASELINE and not self.overrides
 
     def config(self, base: DiffTransformerConfig) -> DiffTransformerConfig:
-        """``base`` (the preset's model of this kind) with the overrides applied; a value the config refuses is a
-        UsageError naming this variant."""
+        """``base`` (the preset's model of this kind) with the overrides applied; the kind's own fields (GDA's
+        gda_ratio) shape it again from the matched baseline by the kind's matching rule. A value the config refuses
+        is a UsageError naming this variant."""
         if not self.overrides:
             return base
+        kind = KINDS[self.kind]
+        shaping = {key: value for key, value in self.overrides.items() if key in kind.fields}
+        rest = {key: value for key, value in self.overrides.items() if key not in kind.fields}
         try:
-            return dataclasses.replace(base, **self.overrides)
+            if shaping:
+                base = kind.match(base.matched_baseline(), **shaping)
+            return dataclasses.replace(base, **rest)
         except (TypeError, ValueError) as err:
             raise UsageError(f"variant {self.spec()}: {err}") from err
 

@@ -44,7 +44,8 @@ class ConvertOptions:
     from_llama: str | None = field(
         default=None,
         metadata={"help": "a saved LlamaForCausalLM (any Llama-family folder transformers loads as one) to convert "
-                  "to our softmax model, or with --attention diff_v2 / diff to upcycle (our own softmax models too)",
+                  "to our softmax model, or with --attention diff_v2 / diff / gda / gated to upcycle (our own "
+                  "softmax models too)",
                   "metavar": "DIR"},
     )  # fmt: skip
     to_llama: str | None = field(
@@ -59,15 +60,20 @@ class ConvertOptions:
     )
     attention: Literal[UPCYCLE_KINDS] = field(
         default="softmax",
-        metadata={"help": "with --from-llama: softmax (the exact import), or diff_v2 / diff: upcycled, computing "
-                  "the same logits at step 0 with every differential parameter trainable (docs/training.md)"},
+        metadata={"help": "with --from-llama: softmax (the exact import), or diff_v2 / diff / gda / gated: upcycled, "
+                  "computing the same logits at step 0 with every new parameter trainable (docs/training.md)"},
+    )  # fmt: skip
+    gda_ratio: int = field(
+        default=1,
+        metadata={"help": "with --attention gda: signal heads per noise map; it must divide the source's query "
+                  "heads per KV head (exact only then)"},
     )  # fmt: skip
     rope_style: Literal["half", "interleaved"] = field(
         default="half",
         metadata={"help": "rotary pairing of the converted model (with --from-diffllama / --from-llama; both are "
                   "exact)"},
     )  # fmt: skip
-    seed: int = field(default=0, metadata={"help": "seed of DIFF V1's upcycled lambda vectors"})
+    seed: int = field(default=0, metadata={"help": "seed of DIFF V1's and GDA's upcycled lambda vectors"})
 
     def __post_init__(self) -> None:
         given_directions = [name for name in DIRECTIONS if getattr(self, name) is not None]
@@ -82,6 +88,8 @@ class ConvertOptions:
             raise ConversionError(
                 f"`attention` {self.attention} upcycles a `from_llama` source; got no `from_llama`"
             )
+        if self.gda_ratio != 1 and self.attention != "gda":
+            raise UsageError(f"`gda_ratio` is for `attention` gda; got `attention` {self.attention}")
         check_seed(self.seed)
 
     @property
@@ -129,7 +137,10 @@ def run(args: argparse.Namespace) -> int:
         converted = from_diffllama(source, rope_style=options.rope_style)
     elif options.from_llama:
         converted = upcycle(
-            load_softmax(source, rope_style=options.rope_style), options.attention, seed=options.seed
+            load_softmax(source, rope_style=options.rope_style),
+            options.attention,
+            seed=options.seed,
+            gda_ratio=options.gda_ratio,
         )
     elif options.to_diffllama:
         converted = to_diffllama(_ours(source, "to_diffllama"))

@@ -36,6 +36,14 @@ NO_NATIVE_COUNTERPART = {
         "DIFF V2 has no counterpart in transformers; share its folder as it is, which loads with "
         "trust_remote_code=True where difftransformer is not installed (docs/sharing.md)"
     ),
+    "gda": (
+        "GDA has no counterpart in transformers; share its folder as it is, which loads with "
+        "trust_remote_code=True where difftransformer is not installed (docs/sharing.md)"
+    ),
+    "gated": (
+        "transformers' gated attention (Qwen3-Next) also normalises q and k and rotates a quarter of each head; "
+        "share the folder as it is, which loads with trust_remote_code=True (docs/sharing.md)"
+    ),
 }
 
 

@@ -2,8 +2,9 @@
 of attention on an answer and on the rest of the context (the ``attention`` and ``mqar`` tasks), and the panels of
 the ``attention`` task's heatmaps (a DIFF layer's two maps beside their difference).
 
-Our models return their combined map with ``output_attentions``: A1 - lambda A2 for DIFF V1, A_{2i} - sigmoid(lambda_i)
-A_{2i+1} for DIFF V2, the softmax map for the baseline. A transformers DiffLlama returns its 2h component maps,
+Our models return their combined map with ``output_attentions``: A1 - lambda A2 for DIFF V1 and GDA (a noise map
+shared by its signal heads), A_{2i} - sigmoid(lambda_i) A_{2i+1} for DIFF V2, the softmax map for the baseline and
+gated attention (whose gate scales the heads' outputs, not their maps); each kind declares which (layers/kinds.py). A transformers DiffLlama returns its 2h component maps,
 combined here as head j minus lambda times head j + h (its pairing); any other model its softmax maps. The two maps
 of a DIFF head come from the logits :func:`difftransformer.layers.attention_logits_hook` shows (Q1 K1^T and Q2 K2^T,
 or the paired query heads of V2), masked causally and normalised as the layer does.
@@ -106,9 +107,9 @@ def heatmap_panels(model: nn.Module, input_ids: torch.Tensor, head: int | None =
     """Per layer the maps of one prompt (``input_ids`` (1, T)) that the paper's figure of attention scores shows,
     averaged over heads (``head`` None) or of one head (of the combined map's heads, :func:`combined_heads`).
 
-    DIFF V1 (ours or a DiffLlama): A1, A2 and A1 - lambda A2, lambda in the title. DIFF V2: A_{2i}, A_{2i+1} and
-    the gated difference A_{2i} - sigmoid(lambda_i) A_{2i+1} (lambda_i differs by token, so no single value is
-    shown). Any other model: its softmax map. The difference is the map the layer computes its output from
+    DIFF V1 and GDA (ours) or a DiffLlama: A1, A2 and A1 - lambda A2, lambda in the title. DIFF V2: A_{2i},
+    A_{2i+1} and the gated difference A_{2i} - sigmoid(lambda_i) A_{2i+1} (lambda_i differs by token, so no single
+    value is shown). Any other model: its softmax map. The difference is the map the layer computes its output from
     (``output_attentions``), not recomputed here.
     """
     check_head(model, head)
@@ -117,8 +118,10 @@ def heatmap_panels(model: nn.Module, input_ids: torch.Tensor, head: int | None =
         chosen = maps[0].float().mean(0) if head is None else maps[0, head].float()
         return chosen.cpu().numpy()
 
-    kind = getattr(model.config, "attention", None) if is_difftransformer(model) else None
-    if kind in ("diff", "diff_v2"):
+    # what the layers return, as the model's kind declares it; a model without a declaration (its maps only) as softmax
+    facts = getattr(model.config, "kind_facts", None) if is_difftransformer(model) else None
+    maps_returned = facts()["maps"] if facts is not None else "softmax"
+    if maps_returned in ("lambda", "gate"):
         logits: list[torch.Tensor] = []
 
         def capture(module: nn.Module, layer_logits: torch.Tensor) -> torch.Tensor:
@@ -135,7 +138,7 @@ def heatmap_panels(model: nn.Module, input_ids: torch.Tensor, head: int | None =
             visible = visible_keys(t, s, layer_logits.device)
             maps = torch.softmax(layer_logits.float().masked_fill(~visible, float("-inf")), dim=-1)
             first, second = maps[:, 0::2], maps[:, 1::2]
-            if kind == "diff":
+            if maps_returned == "lambda":
                 lam = float(module.lambda_full())
                 titles = ("A1", "A2", f"A1 - {lam:.3f} A2")
             else:

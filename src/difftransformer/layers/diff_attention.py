@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from functools import partial
 from typing import Literal
 
@@ -20,42 +19,6 @@ from difftransformer.ops.rotary import QueryRotary, apply_rotary, rotate_queries
 
 SublnMode = Literal["affine", "plain", "none"]
 SUBLN_MODES: tuple[str, ...] = ("affine", "plain", "none")
-
-# transformers' attn_implementation -> the operator backend DIFF V1 runs ("sdpa", transformers' default, runs the
-# config's attention_backend: "auto" picks per device, dtype and shape, the fused C++ kernel on CPU float32).
-IMPLEMENTATION_BACKENDS = {
-    "sdpa": None,
-    "eager": "reference",
-    "flex_attention": "flex",
-    "paged|eager": "reference",
-}
-
-
-def implementation_backend(implementation: str | None, attention_backend: str = "auto") -> str:
-    """The :func:`~difftransformer.ops.diff_attention` backend for transformers' ``attn_implementation``; any
-    other implementation raises ValueError saying why DIFF V1 cannot run it."""
-    implementation = implementation or "sdpa"
-    if implementation in IMPLEMENTATION_BACKENDS:
-        return IMPLEMENTATION_BACKENDS[implementation] or attention_backend
-    if "flash" in implementation:
-        why = (
-            "flash-attention kernels take a value as wide as the queries and keys, and a DIFF V1 head's value "
-            "(2d) is twice the width of each of its maps' queries and keys (d)"
-        )
-    else:
-        why = (
-            "an attention function registered with transformers computes one softmax map per head, and DIFF V1 "
-            "subtracts two before multiplying the value"
-        )
-    raise ValueError(
-        f"attn_implementation must be one of {tuple(IMPLEMENTATION_BACKENDS)} for attention='diff' (DIFF V1): "
-        f"got {implementation!r}, which it cannot run: {why}. DIFF V2 and the softmax baseline take it"
-    )
-
-
-def depth_lambda_init(layer_idx: int) -> float:
-    """The paper's depth schedule, l counted from 0: 0.8 - 0.6 exp(-0.3 l)."""
-    return 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
 
 
 class LambdaVectors(nn.Module):
@@ -92,21 +55,23 @@ class LambdaVectors(nn.Module):
 
 
 class DiffAttention(nn.Module):
-    """Multi-head differential attention with GQA and a KV cache.
+    """Multi-head differential attention with GQA and a KV cache (Ye et al., arXiv 2410.05258, §2.1: Eq. 1 the two
+    maps and their difference, Eq. 2 lambda, Eq. 3 the per-head norm and the (1 - lambda_init) scale).
 
     Projections have the matched Transformer's shapes: q d_model -> 2h*d, k and v d_model -> 2h_kv*d,
     o 2h*d -> d_model. Their outputs are read in the paired layout of :mod:`difftransformer.ops.common`
     (head i's Q1 | Q2 are q columns [2i d, (2i+2) d)): each differential head is ``head_dim`` = 2d wide, as
     its value and its cache entries are, and each of its maps reads ``map_head_dim`` = d of it. Head counts are
-    read from the projections' outputs, so a tensor-parallel shard of the projections runs as it is.
+    read from the projections' outputs, so a tensor-parallel shard of the projections runs as it is. The queries
+    come from :meth:`queries`, the one step grouped differential attention changes.
 
     Args:
         config: the model's configuration: ``hidden_size``, ``num_attention_heads`` (h, half the matched
             Transformer's), ``num_key_value_heads`` (h_kv), ``head_dim`` (2d; an upcycled model's heads are
-            wider than hidden_size / h), ``lambda_init`` ("depth" or a constant), ``lambda_std``, ``subln`` (per-head
-            RMSNorm with a gain "affine", without "plain", or none "none"), ``subln_eps``, ``rope_style``,
-            ``causal``, ``attention_backend``; ``_attn_implementation`` picks the operator backend
-            (:func:`implementation_backend`) at each call.
+            wider than hidden_size / h), ``noise_heads`` (h: one second map a head), ``lambda_init`` ("depth" or a
+            constant), ``lambda_std``, ``subln`` (per-head RMSNorm with a gain "affine", without "plain", or none
+            "none"), ``subln_eps``, ``rope_style``, ``causal``, ``attention_backend``; ``_attn_implementation``
+            picks the operator backend (:func:`~difftransformer.ops.choose_backend`) at each call.
         layer_idx: 0-based depth, for lambda_init and the cache.
     """
 
@@ -115,14 +80,14 @@ class DiffAttention(nn.Module):
         self.config, self.layer_idx = config, layer_idx
         self.head_dim = config.head_dim
         self.map_head_dim = self.head_dim // 2
-        lambda_init = config.lambda_init
-        self.lambda_init = depth_lambda_init(layer_idx) if lambda_init == "depth" else float(lambda_init)
+        self.lambda_init = config.layer_lambda_init(layer_idx)
         self.out_scale = 1.0 - self.lambda_init  # the paper's fixed output scale, after the per-head norm
         self.rope_style, self.is_causal = config.rope_style, config.causal
         self.logits_hook: LogitsHook | None = None
 
         hidden, width = config.hidden_size, self.head_dim
-        self.q_proj = nn.Linear(hidden, config.num_attention_heads * width, bias=False)
+        query_maps = config.num_attention_heads + config.noise_heads
+        self.q_proj = nn.Linear(hidden, query_maps * self.map_head_dim, bias=False)
         self.k_proj = nn.Linear(hidden, config.num_key_value_heads * width, bias=False)
         self.v_proj = nn.Linear(hidden, config.num_key_value_heads * width, bias=False)
         self.o_proj = nn.Linear(config.num_attention_heads * width, hidden, bias=False)
@@ -145,6 +110,11 @@ class DiffAttention(nn.Module):
     def lambda_full(self) -> torch.Tensor | float:
         """The layer's scalar lambda: exp(q1.k1) - exp(q2.k2) + lambda_init, not clamped."""
         return self.lambda_vectors(self.lambda_init)
+
+    def queries(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """q (B, h, T, 2d) in the paired layout, unrotated: head i's Q1 | Q2, a view of q_proj's output."""
+        batch, q_len, _ = hidden_states.shape
+        return self.q_proj(hidden_states).view(batch, q_len, -1, self.head_dim).transpose(1, 2)
 
     def forward(
         self,
@@ -175,9 +145,7 @@ class DiffAttention(nn.Module):
         cos, sin = position_embeddings
         # q goes to the operator unrotated with its rotary embedding (the C++ decode step rotates it in the kernel);
         # k is rotated before the cache, in the projection's (B, T, sub-heads, d) layout, each of K1, K2 a sub-head.
-        q = (
-            self.q_proj(hidden_states).view(batch, q_len, -1, self.head_dim).transpose(1, 2)
-        )  # Q1 | Q2 per head
+        q = self.queries(hidden_states)  # Q1 | Q2 per head
         k = self.k_proj(hidden_states).view(batch, q_len, -1, self.map_head_dim)
         k = apply_rotary(k, cos.unsqueeze(2), sin.unsqueeze(2), self.rope_style)
         k = k.view(batch, q_len, -1, self.head_dim).transpose(1, 2)  # K1 | K2 per KV head
@@ -202,17 +170,10 @@ class DiffAttention(nn.Module):
                 logits_hook=hook, return_maps=output_attentions or output_component_maps,
             )  # fmt: skip
         else:
-            backend = implementation_backend(self.config._attn_implementation, self.config.attention_backend)
             out = diff_attention(
-                q,
-                k,
-                v,
-                self.lambda_full(),
-                causal=causal,
-                attn_mask=attention_mask,
-                backend=backend,
-                rotary=rotary,
-            )
+                q, k, v, self.lambda_full(), causal=causal, attn_mask=attention_mask, rotary=rotary,
+                backend=self.config.attention_backend, implementation=self.config._attn_implementation,
+            )  # fmt: skip
         out = out * self.out_scale if self.subln is None else self.subln(out, self.out_scale)
         out = self.o_proj(out.transpose(1, 2).reshape(batch, q_len, -1))
         if output_component_maps:

@@ -22,12 +22,12 @@ class DiffAttentionV2(SoftmaxAttention):
     d_model * h * (d + 1) per layer.
     """
 
+    q_blocks_per_head = 2
+    query_heads_per_head = 2
+
     def __init__(self, config: PreTrainedConfig, layer_idx: int) -> None:
         super().__init__(config, layer_idx)
-        heads = config.num_attention_heads
-        self.num_key_value_groups = 2 * heads // config.num_key_value_heads
-        self.q_proj = nn.Linear(config.hidden_size, 2 * heads * self.head_dim, bias=False)
-        self.lambda_proj = nn.Linear(config.hidden_size, heads, bias=False)
+        self.lambda_proj = nn.Linear(config.hidden_size, config.num_attention_heads, bias=False)
 
     def forward(
         self,

@@ -48,6 +48,10 @@ def eager_attention_forward(
 class SoftmaxAttention(nn.Module):
     """Llama-style attention over ``num_attention_heads`` heads of width ``head_dim``.
 
+    The kinds built on it (DIFF V2, gated attention) say how many d-wide row blocks their ``q_proj`` holds per head
+    (:attr:`q_blocks_per_head`) and how many of those are query heads of the one attention call
+    (:attr:`query_heads_per_head`); k_proj, v_proj and o_proj are the baseline's.
+
     Args:
         config: the model's configuration (``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``,
             ``head_dim``, ``rope_style``, ``causal``); its ``_attn_implementation`` picks the attention function at
@@ -55,30 +59,41 @@ class SoftmaxAttention(nn.Module):
         layer_idx: 0-based depth, the layer's slot in the KV cache.
     """
 
+    #: q_proj's d-wide row blocks per head: the head's query heads, then any gate
+    q_blocks_per_head = 1
+    #: query heads per head in the attention call
+    query_heads_per_head = 1
+
     def __init__(self, config: PreTrainedConfig, layer_idx: int) -> None:
         super().__init__()
         self.config, self.layer_idx = config, layer_idx
         self.head_dim = config.head_dim
         self.scaling = self.head_dim**-0.5
         self.rope_style, self.is_causal = config.rope_style, config.causal
-        self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
+        heads = config.num_attention_heads
+        self.num_key_value_groups = self.query_heads_per_head * heads // config.num_key_value_heads
         self.logits_hook: LogitsHook | None = None
         hidden, width = config.hidden_size, config.head_dim
-        self.q_proj = nn.Linear(hidden, config.num_attention_heads * width, bias=False)
+        self.q_proj = nn.Linear(hidden, self.q_blocks_per_head * heads * width, bias=False)
         self.k_proj = nn.Linear(hidden, config.num_key_value_heads * width, bias=False)
         self.v_proj = nn.Linear(hidden, config.num_key_value_heads * width, bias=False)
-        self.o_proj = nn.Linear(config.num_attention_heads * width, hidden, bias=False)
+        self.o_proj = nn.Linear(heads * width, hidden, bias=False)
 
     def project(
-        self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        queries: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Project and rotate: q (B, H_q, T, d) with H_q = q_proj's heads, k and v (B, H_kv, T, d)."""
+        """Project and rotate: q (B, H_q, T, d), k and v (B, H_kv, T, d). ``queries`` (B, T, H_q, d) are q_proj's
+        query heads where a kind reads more than queries from it (the gate); by default all of q_proj."""
         batch, q_len, _ = hidden_states.shape
-        q = self.q_proj(hidden_states).view(batch, q_len, -1, self.head_dim)
+        if queries is None:
+            queries = self.q_proj(hidden_states).view(batch, q_len, -1, self.head_dim)
         k = self.k_proj(hidden_states).view(batch, q_len, -1, self.head_dim)
         v = self.v_proj(hidden_states).view(batch, q_len, -1, self.head_dim)
         cos, sin = position_embeddings[0].unsqueeze(2), position_embeddings[1].unsqueeze(2)
-        q = apply_rotary(q, cos, sin, self.rope_style)
+        q = apply_rotary(queries, cos, sin, self.rope_style)
         k = apply_rotary(k, cos, sin, self.rope_style)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 

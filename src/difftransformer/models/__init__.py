@@ -2,7 +2,7 @@
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from difftransformer.models import remote_code  # noqa: F401  (registers the code writer with save_pretrained)
+from difftransformer.layers.kinds import KINDS, AttentionKind
 from difftransformer.models.configuration import ATTENTION_KINDS, DiffTransformerConfig
 from difftransformer.models.modeling import (
     DiffTransformerForCausalLM,
@@ -16,6 +16,8 @@ AutoModelForCausalLM.register(DiffTransformerConfig, DiffTransformerForCausalLM,
 
 __all__ = [
     "ATTENTION_KINDS",
+    "KINDS",
+    "AttentionKind",
     "DiffTransformerConfig",
     "DiffTransformerForCausalLM",
     "DiffTransformerModel",

@@ -1,4 +1,5 @@
-"""DIFF V1, DIFF V2 and the matched softmax Transformer as Hugging Face causal language models."""
+"""The attention kinds' language models (DIFF V1, GDA, DIFF V2, gated attention and the matched softmax Transformer)
+as Hugging Face causal language models; each layer's attention is its kind's module (layers/kinds.py)."""
 
 from __future__ import annotations
 
@@ -18,22 +19,23 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import can_return_tuple
 
-from difftransformer.layers.diff_attention import DiffAttention, LambdaVectors, implementation_backend
-from difftransformer.layers.diff_attention_v2 import DiffAttentionV2
+from difftransformer.layers.diff_attention import LambdaVectors
+from difftransformer.layers.kinds import KINDS
 from difftransformer.layers.mlp import SwiGLU
 from difftransformer.layers.norm import RMSNorm
 from difftransformer.layers.rotary import RotaryEmbedding
-from difftransformer.layers.softmax_attention import SoftmaxAttention
 from difftransformer.models.configuration import DiffTransformerConfig
 from difftransformer.models.loading import strict_from_pretrained
+from difftransformer.ops.diff_attention import check_implementation
 
-# DIFF V1's lambda vectors live in their own float32 submodule and are saved under those names
+# DIFF V1's and GDA's lambda vectors live in their own float32 submodule and are saved under those names
 # (`self_attn.lambda_vectors.q1` ...), so that tools reading the file by parameter name (accelerate's
 # load_checkpoint_and_dispatch) find them. The Llama-family names of the paper's code and DiffLlama
 # (`self_attn.lambda_q1` ...) are the "original format" of transformers' conversion machinery: folders saved with
 # them still load (this mapping on from_pretrained, _load_from_state_dict on load_state_dict), and
-# revert_weight_conversion gives them (the DiffLlama conversion reads it).
-LAMBDA_KEYS = {f"lambda_{name}": f"lambda_vectors.{name}" for name in ("q1", "k1", "q2", "k2")}
+# revert_weight_conversion gives them (the DiffLlama conversion reads it). The kinds declare them (their
+# ``renamings``); transformers keys the mapping by model type, which the kinds share.
+LAMBDA_KEYS = {old: new for kind in KINDS.values() for old, new in kind.renamings.items()}
 
 
 def lambda_renamings() -> list[WeightRenaming]:
@@ -47,8 +49,6 @@ register_checkpoint_conversion_mapping(
     overwrite=True,  # the remote-code copy of this module registers it again
 )
 
-ATTENTION_MODULES = {"diff": DiffAttention, "diff_v2": DiffAttentionV2, "softmax": SoftmaxAttention}
-
 
 class DiffTransformerDecoderLayer(GradientCheckpointingLayer):
     """Pre-RMSNorm block: y = x + attn(norm(x)); out = y + mlp(norm(y))."""
@@ -56,7 +56,7 @@ class DiffTransformerDecoderLayer(GradientCheckpointingLayer):
     def __init__(self, config: DiffTransformerConfig, layer_idx: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.self_attn = ATTENTION_MODULES[config.attention](config, layer_idx)
+        self.self_attn = KINDS[config.attention].layer(config, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
 
@@ -81,7 +81,7 @@ class DiffTransformerPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["DiffTransformerDecoderLayer"]
     _skip_keys_device_placement = ["past_key_values"]
-    # The baseline and DIFF V2 run every implementation transformers registers; DIFF V1 the ones its operators
+    # The softmax kinds run every implementation transformers registers; DIFF V1 and GDA the ones their operators
     # can (get_correct_attn_implementation refuses the rest, saying why).
     _supports_sdpa = True
     _supports_flash_attn = True
@@ -91,9 +91,9 @@ class DiffTransformerPreTrainedModel(PreTrainedModel):
 
     def __init__(self, config: DiffTransformerConfig, *inputs, **kwargs) -> None:
         super().__init__(config, *inputs, **kwargs)
-        # exp() of a half-precision dot product is too coarse for lambda: DIFF V1 loads its lambda vectors in float32
-        # whatever the dtype (their own submodule, so that FSDP2 groups them apart from the bf16 projections).
-        self._keep_in_fp32_modules_strict = ["lambda_vectors"] if config.attention == "diff" else []
+        # exp() of a half-precision dot product is too coarse for lambda: DIFF V1 and GDA load their lambda vectors in
+        # float32 whatever the dtype (their own submodule, so that FSDP2 groups them apart from the bf16 projections).
+        self._keep_in_fp32_modules_strict = list(KINDS[config.attention].keep_in_fp32)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
@@ -124,15 +124,15 @@ class DiffTransformerPreTrainedModel(PreTrainedModel):
     def get_correct_attn_implementation(
         self, requested_attention: str | None, is_init_check: bool = False
     ) -> str:
-        """transformers' check and, for DIFF V1, only the implementations its operators run
-        (:func:`~difftransformer.layers.diff_attention.implementation_backend` says why it refuses the others:
-        before transformers looks for a flash-attention package, after it has refused an unknown name)."""
-        is_diff = self.config.attention == "diff"
-        if is_diff and requested_attention in ALL_ATTENTION_FUNCTIONS:
-            implementation_backend(requested_attention)
+        """transformers' check and, for DIFF V1 and GDA, only the implementations their operators run
+        (:func:`~difftransformer.ops.check_implementation` says why it refuses the others: before transformers
+        looks for a flash-attention package, after it has refused an unknown name)."""
+        differential = self.config.differential_heads
+        if differential and requested_attention in ALL_ATTENTION_FUNCTIONS:
+            check_implementation(requested_attention)
         implementation = super().get_correct_attn_implementation(requested_attention, is_init_check)
-        if is_diff:
-            implementation_backend(implementation)
+        if differential:
+            check_implementation(implementation)
         return implementation
 
     @torch.no_grad()

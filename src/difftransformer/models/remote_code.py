@@ -9,15 +9,15 @@ in that one file). Both are generated from the package's sources (``models/confi
 its ``modeling_*.py`` from modular sources:
 
 - the configuration file is the configuration module, each name it imports from the package written as the
-  literal it is (tuples of strings);
+  literal it is (tuples, dicts, strings, numbers: the attention kinds' facts among them);
 - the modeling file is every module the modeling module needs, dependencies first, each under a comment naming its
   source, with package imports dropped (the names are the file's own) and outside imports gathered at the top; it
   imports the configuration from the file beside it.
 
 Both end by registering their classes for the Auto classes, so that a model loaded from the folder and saved again
-carries the files along (transformers' ``custom_object_save``). The C++ kernels' module is not among them: the
-operators register those kernels from the package (``ops/native.py``), and in a folder's code they take their
-PyTorch paths. Generation is deterministic; every file's first line stamps the content hash of the pair
+carries the files along (transformers' ``custom_object_save``). The package-only modules (:data:`PACKAGE_ONLY`: the
+C++ kernels, the blocked CPU path, this writer) are left out: each name imported from one is None in the flat files,
+so the operators take their PyTorch paths and a folder's configuration writes no code. Generation is deterministic; every file's first line stamps the content hash of the pair
 (:func:`code_digest`). The repository commits the generated pair under ``hub/`` and a test checks it against the
 sources; ``make hub`` writes it again, :func:`write_model_code` anywhere.
 """
@@ -35,7 +35,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from difftransformer.models.configuration import AUTO_MAP, SAVE_HOOKS
 from difftransformer.storage import atomic_write
 
 PACKAGE = "difftransformer"
@@ -43,6 +42,11 @@ CONFIGURATION_MODULE = f"{PACKAGE}.models.configuration"
 MODELING_MODULE = f"{PACKAGE}.models.modeling"
 CONFIGURATION_FILE = "configuration_difftransformer.py"
 MODELING_FILE = "modeling_difftransformer.py"
+# Modules the flat files leave out (what they need the package for): a name imported from one is None there.
+PACKAGE_ONLY = frozenset(
+    {f"{PACKAGE}.ops.fused_cpu", f"{PACKAGE}.ops.blocked", f"{PACKAGE}.models.remote_code"}
+)
+PACKAGE_ONLY_NOTE = "# package-only (models/remote_code.py): not in this file"
 
 
 class ExportError(RuntimeError):
@@ -103,7 +107,11 @@ def _closure(entry: str, stop: frozenset[str] = frozenset()) -> list[_Module]:
         name = pending.pop()
         if name not in modules:
             modules[name] = module = _load(name)
-            pending.extend(n.module for n in _package_imports(module) if n.module not in stop)
+            pending.extend(
+                n.module
+                for n in _package_imports(module)
+                if n.module not in stop and n.module not in PACKAGE_ONLY
+            )
     ordered: list[_Module] = []
     placed: set[str] = set()
 
@@ -189,9 +197,13 @@ def _header(digest: str) -> str:
 
 
 def _literal_imports(module: _Module) -> list[str]:
-    """The configuration's package imports, each name written as the literal value it has."""
+    """The configuration's package imports, each name written as the literal value it has (None for a name from a
+    package-only module)."""
     lines = []
     for node in _package_imports(module):
+        if node.module in PACKAGE_ONLY:
+            lines += [f"{alias.asname or alias.name} = None  {PACKAGE_ONLY_NOTE}" for alias in node.names]
+            continue
         namespace = vars(importlib.import_module(node.module))
         for alias in node.names:
             value = namespace[alias.name]
@@ -210,9 +222,11 @@ def _literal_imports(module: _Module) -> list[str]:
 
 def _auto_registrations(module_file: str) -> list[str]:
     stem = module_file.removesuffix(".py")
+    # read here, not imported above: the configuration imports this module
+    auto_map = getattr(importlib.import_module(CONFIGURATION_MODULE), "AUTO_MAP", {})
     return [
         f'{target.rpartition(".")[2]}.register_for_auto_class("{auto}")'
-        for auto, target in AUTO_MAP.items()
+        for auto, target in auto_map.items()
         if target.startswith(stem + ".")
     ]
 
@@ -256,11 +270,16 @@ def _import_block(statements: list[str]) -> str:
     return "\n\n".join("\n".join(line for *_, line in sorted(lines)) for lines in groups.values() if lines)
 
 
-def _literal(value: object) -> str:
-    """``value`` as source, strings in double quotes (as the formatter writes them)."""
+def _literal(value: object, indent: str = "") -> str:
+    """``value`` as source, as the formatter writes it: strings in double quotes, tuples on one line, a non-empty
+    dict one item a line with a trailing comma (which keeps it so)."""
     if isinstance(value, tuple):
         items = ", ".join(_literal(item) for item in value)
         return f"({items},)" if len(value) == 1 else f"({items})"
+    if isinstance(value, dict) and value:
+        inner = indent + "    "
+        items = "".join(f"{inner}{_literal(k)}: {_literal(v, inner)},\n" for k, v in value.items())
+        return "{\n" + items + indent + "}"
     if isinstance(value, str):
         return json.dumps(value)
     return repr(value)
@@ -304,14 +323,24 @@ def _modeling_body() -> str:
                 f"{module.name} defines names another model module defines too, which one flat file cannot hold: "
                 + ", ".join(f"{name} ({where})" for name, where in sorted(clashes.items()))
             )
-        aliases = _check_imported_names(module, set(defined))
+        absent = [
+            alias.asname or alias.name
+            for node in _package_imports(module)
+            if node.module in PACKAGE_ONLY
+            for alias in node.names
+            if (alias.asname or alias.name) not in defined
+        ]
+        defined.update(dict.fromkeys(absent, "package-only"))
+        aliases = [f"{name} = None  {PACKAGE_ONLY_NOTE}" for name in absent]
+        aliases += _check_imported_names(module, set(defined))
         defined.update(dict.fromkeys(_defined_names(module), module.name))
         module_imports, body = _body(module)
         imports += module_imports
         sections.append("\n".join(_docstring_comment(module)) + "\n" + "\n\n\n".join(aliases + body))
     doc = (
-        "The Differential Transformer (DIFF V1, DIFF V2) and its matched softmax Transformer as transformers\n"
-        "models: every operator, layer and model class they run, generated from the package's sources named below."
+        "The Differential Transformer (DIFF V1, DIFF V2), the kinds compared with it (GDA, gated attention) and the\n"
+        "matched softmax Transformer as transformers models: every operator, layer and model class they run,\n"
+        "generated from the package's sources named below."
     )
     return _file(doc, imports, sections, _auto_registrations(MODELING_FILE))
 
@@ -346,6 +375,3 @@ def stale_model_code(folder: str | os.PathLike) -> list[str]:
 def write_model_code(folder: str | os.PathLike) -> list[Path]:
     """Write :func:`model_code`'s files into ``folder`` (atomically); returns their paths."""
     return [atomic_write(Path(folder) / name, text) for name, text in model_code().items()]
-
-
-SAVE_HOOKS.append(write_model_code)

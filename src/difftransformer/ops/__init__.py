@@ -1,15 +1,14 @@
 """Attention operators: exact references beside fused fast paths, one function per operator, and the one
-place that chooses between them (:func:`choose_backend`). Importing the package registers the C++ CPU kernels
-(:mod:`~difftransformer.ops.fused_cpu`) with :mod:`~difftransformer.ops.native`, where the operators find them."""
+place that chooses between them (:func:`choose_backend`). The operators find the package's C++ CPU kernels
+(:mod:`~difftransformer.ops.fused_cpu`) through :mod:`~difftransformer.ops.native`."""
 
 from difftransformer.ops.blocked import diff_attention_blocked
 from difftransformer.ops.common import additive_to_bool, build_attend_mask
 from difftransformer.ops.decode import diff_attention_decode
-from difftransformer.ops.diff_attention import BACKENDS, choose_backend, diff_attention
+from difftransformer.ops.diff_attention import BACKENDS, check_implementation, choose_backend, diff_attention
 from difftransformer.ops.flex import diff_attention_flex
-from difftransformer.ops.fused_cpu import diff_attention_fused_cpu, fused_cpu_available
+from difftransformer.ops.fused_cpu import cpp_kernels, diff_attention_fused_cpu, fused_cpu_available
 from difftransformer.ops.lambda_full import lambda_full
-from difftransformer.ops.native import native_kernels
 from difftransformer.ops.norm import rms_norm
 from difftransformer.ops.reference import diff_attention_reference, masked_softmax
 from difftransformer.ops.rotary import QueryRotary, apply_rotary, rotate_queries
@@ -22,7 +21,9 @@ __all__ = [
     "additive_to_bool",
     "apply_rotary",
     "build_attend_mask",
+    "check_implementation",
     "choose_backend",
+    "cpp_kernels",
     "diff_attention",
     "diff_attention_blocked",
     "diff_attention_decode",
@@ -33,7 +34,6 @@ __all__ = [
     "fused_cpu_available",
     "lambda_full",
     "masked_softmax",
-    "native_kernels",
     "rms_norm",
     "rotate_queries",
     "softmax_attention_reference",

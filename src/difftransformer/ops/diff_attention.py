@@ -1,11 +1,12 @@
 """One entry point for differential attention: the single place where a kernel is chosen.
 
 The rule (transformers' one ``ALL_ATTENTION_FUNCTIONS[...]`` lookup; flash-linear-attention's "ops have no hidden
-dispatch"): :func:`choose_backend` names the kernel from the requested backend and the inputs, and
-:func:`diff_attention` runs that one kernel. No kernel function chooses another. A layer makes one call,
-passing its queries' rotary embedding as an argument, which the C++ decode step fuses and the dispatcher applies
-before every other kernel. The C++ kernels are found through :mod:`difftransformer.ops.native`, where the package
-registers them: without them (a saved folder's model code) the PyTorch kernels serve every input.
+dispatch"): :func:`choose_backend` names the kernel from transformers' ``attn_implementation``, the requested
+backend and the inputs, and :func:`diff_attention` runs that one kernel. No kernel function chooses another. A layer
+makes one call, passing its queries' rotary embedding as an argument, which the C++ decode step fuses and the
+dispatcher applies before every other kernel. The C++ kernels and the blocked path are package-only
+(:mod:`difftransformer.ops.fused_cpu`, :mod:`difftransformer.ops.blocked`): the model code a saved folder carries
+leaves them out, and there the PyTorch kernels serve every input.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from difftransformer.ops.sdpa import diff_attention_sdpa
 
 Backend = Literal["auto", "reference", "sdpa", "blocked", "decode", "fused_cpu", "flex"]
 BACKENDS: tuple[str, ...] = ("auto", "reference", "sdpa", "blocked", "decode", "fused_cpu", "flex")
+# transformers' attn_implementation -> the backend it runs; "sdpa" (transformers' default) runs the requested
+# backend ("auto": chosen per device, dtype and shape below).
+IMPLEMENTATIONS = {"sdpa": None, "eager": "reference", "flex_attention": "flex", "paged|eager": "reference"}
 
 # Thresholds of backend="auto", measured with `difftransformer bench` (docs/performance.md).
 DECODE_MAX_QUERIES = 16  # up to this many queries, reading K and V once beats every fused kernel
@@ -40,18 +44,46 @@ _MASKED_KERNELS = {
 }
 
 
+def check_implementation(implementation: str | None) -> None:
+    """Raise ValueError, saying why, for an ``attn_implementation`` differential attention cannot run: flash
+    attention (its value is as wide as its queries and keys) and functions registered with transformers (one
+    softmax map a head, where these kinds subtract two)."""
+    if (implementation or "sdpa") in IMPLEMENTATIONS:
+        return
+    if "flash" in implementation:
+        why = (
+            "flash-attention kernels take a value as wide as the queries and keys, and a differential head's value "
+            "(2d) is twice the width of each of its maps' queries and keys (d)"
+        )
+    else:
+        why = (
+            "an attention function registered with transformers computes one softmax map per head, and "
+            "differential attention subtracts two before multiplying the value"
+        )
+    raise ValueError(
+        f"attn_implementation must be one of {tuple(IMPLEMENTATIONS)} for DIFF V1 and GDA (attention='diff', "
+        f"'gda'): got {implementation!r}, which they cannot run: {why}. The other kinds take it"
+    )
+
+
 def _native_applies(q: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
-    """Where the C++ kernels run: registered and built, CPU float32, no mask, outside torch.compile."""
+    """Where the C++ kernels run: in the package, built, CPU float32, no mask, outside torch.compile."""
     return attn_mask is None and cpu_kernels_for(q) is not None
 
 
 def choose_backend(
-    q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None = None, backend: Backend = "auto"
+    q: torch.Tensor,
+    k: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    backend: Backend = "auto",
+    implementation: str | None = None,
 ) -> str:
     """The kernel that runs for q (B, h, T, 2d) and k (B, h_kv, S, 2d): a name from :data:`BACKENDS` (not "auto"),
     or "decode_cpu" (the C++ decode step).
 
-    ``backend="auto"`` picks by device, dtype and shape:
+    ``implementation`` (transformers' ``attn_implementation``) comes first: "eager" and "paged|eager" run the
+    reference, "flex_attention" FlexAttention, "sdpa" or None ``backend``; any other is refused
+    (:func:`check_implementation`). ``backend="auto"`` then picks by device, dtype and shape:
 
     - T <= 16 queries (decode, short blocks): "decode", which reads the cache once, as the baseline's step.
     - CPU float32 without a mask (causal or full), outside ``torch.compile``, where the C++ kernel builds:
@@ -64,6 +96,8 @@ def choose_backend(
     "decode" (chosen or requested) runs as "decode_cpu" at inference (no grad) under the C++ kernels' conditions:
     the same single read of K and V without SDPA's fixed cost, which dominates a one-token step.
     """
+    check_implementation(implementation)
+    backend = IMPLEMENTATIONS[implementation or "sdpa"] or backend
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
     if backend == "auto":
@@ -72,7 +106,8 @@ def choose_backend(
         elif _native_applies(q, attn_mask):
             return "fused_cpu"
         elif (
-            q.device.type == "cpu"
+            diff_attention_blocked is not None
+            and q.device.type == "cpu"
             and q.dtype in (torch.float32, torch.float64)
             and k.shape[-2] <= BLOCKED_MAX_KEYS_CPU
         ):
@@ -81,6 +116,10 @@ def choose_backend(
             return "sdpa"
     if backend == "decode" and not torch.is_grad_enabled() and _native_applies(q, attn_mask):
         return "decode_cpu"
+    if backend == "blocked" and diff_attention_blocked is None:
+        raise ValueError(
+            "backend 'blocked' is the package's CPU path, not in a saved folder's code; use 'auto' or 'sdpa'"
+        )
     if backend == "fused_cpu":
         if attn_mask is not None:
             raise ValueError("backend 'fused_cpu' takes no attn_mask (causal or full only); got a mask")
@@ -102,6 +141,7 @@ def diff_attention(
     attn_mask: torch.Tensor | None = None,
     scale: float | None = None,
     backend: Backend = "auto",
+    implementation: str | None = None,
     rotary: QueryRotary | None = None,
 ) -> torch.Tensor:
     """Differential attention in the paired layout (see :mod:`difftransformer.ops.common`).
@@ -120,12 +160,14 @@ def diff_attention(
             read once), "fused_cpu" (C++ kernel, CPU float32, no attn_mask), "flex" (compiled
             FlexAttention, one call with the 2d-wide V; inference only on the CPU), or "auto"
             (:func:`choose_backend`, which never picks "flex": it is not measured ahead of the others).
+        implementation: transformers' ``attn_implementation``, which comes before ``backend``
+            (:func:`choose_backend`).
         rotary: q is given before its rotary embedding, which rotates each of its halves (Q1 and Q2), or None.
 
     Returns:
         (B, h, T, 2d): head i's output ``(A1 - lambda A2) V_g``.
     """
-    kernel = choose_backend(q, k, attn_mask, backend)
+    kernel = choose_backend(q, k, attn_mask, backend, implementation)
     if kernel == "decode_cpu":  # the one kernel that fuses the rotation; choose_backend saw grad mode off
         return cpu_kernels_for(q).decode(q, k, v, lambda_full, causal, scale, rotary)
     if rotary is not None:

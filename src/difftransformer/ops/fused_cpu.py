@@ -10,9 +10,9 @@ log-sum-exps; nothing of size (T, S) is kept, no K/V is repeated, and the output
 The kernel (``csrc/diff_attention_cpu.cpp``) is compiled with :func:`torch.utils.cpp_extension.load` the first
 time it is needed (cached in ``extensions/`` under :func:`difftransformer.storage.cache_dir`, one build per kernel
 source, flags, torch version and machine) with the C++ compiler PyTorch extensions use and ``ninja`` (a
-dependency). Importing this module registers the kernels with :mod:`difftransformer.ops.native`, where the
-operators find them; where they cannot be built, :func:`fused_cpu_available` is False, a warning says why, and the
-operators take their PyTorch paths. The same extension holds the inference kernels of the one-token step's small
+dependency). The operators find the kernels through :func:`cpp_kernels` (:mod:`difftransformer.ops.native`); where
+they cannot be built, :func:`fused_cpu_available` is False, a warning says why, and the operators take their PyTorch
+paths. This module is package-only: the model code a saved folder carries has no C++ source and leaves it out. The same extension holds the inference kernels of the one-token step's small
 operators: the per-head and block RMSNorm and DIFF V1's lambda.
 """
 
@@ -30,7 +30,6 @@ from types import ModuleType
 import torch
 
 from difftransformer.ops.common import check_diff_inputs
-from difftransformer.ops.native import register_native_kernels
 from difftransformer.storage import cache_dir
 
 SOURCE = Path(__file__).with_name("csrc") / "diff_attention_cpu.cpp"
@@ -172,7 +171,11 @@ def diff_attention_fused_cpu(
 
 
 class CppKernels:
-    """This module's kernels as :class:`difftransformer.ops.native.NativeKernels`, the operators' fast paths."""
+    """This module's kernels, the operators' fast paths, each with the contract of the PyTorch operator it stands in
+    for: ``diff_attention`` that of :func:`~difftransformer.ops.diff_attention` without a mask (forward and
+    backward), ``decode`` the same for a few queries at inference with q given unrotated beside its ``rotary``
+    embedding, ``rms_norm`` and ``lambda_full`` those of :func:`~difftransformer.ops.rms_norm` and
+    :func:`~difftransformer.ops.lambda_full` at inference."""
 
     def diff_attention(self, q, k, v, lambda_full, causal, scale):
         return diff_attention_fused_cpu(q, k, v, lambda_full, causal=causal, scale=scale)
@@ -198,8 +201,6 @@ class CppKernels:
 
 
 @functools.cache
-def _registered_kernels() -> CppKernels | None:
+def cpp_kernels() -> CppKernels | None:
+    """The C++ kernels, built on first use, or None where they cannot be built."""
     return CppKernels() if fused_cpu_available() else None
-
-
-register_native_kernels(_registered_kernels)

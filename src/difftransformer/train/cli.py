@@ -168,6 +168,12 @@ def run(args: argparse.Namespace) -> int:
     one-line note (exit 130)."""
     run_options = RunOptions(**given(vars(args), RunOptions))
     preset = resolved_preset(args)
+    fields = run_options.model_fields()
+    if fields:  # the kind's own fields against the preset's shape, before any work
+        try:
+            preset.model_config(run_options.attention, **fields)
+        except ValueError as err:
+            raise UsageError(f"preset {preset.name} with {run_options.attention} {fields}: {err}") from err
     settings = checked_training_settings(preset, **training_options(args))
     if run_options.init_from:
         check_input_dir(run_options.init_from, "init_from", "a saved model")
@@ -178,14 +184,14 @@ def run(args: argparse.Namespace) -> int:
         print(note)
     pretrained = None
     if run_options.init_from:
-        pretrained = initial_model(run_options.init_from, run_options.attention, seed=settings.seed)
+        pretrained = initial_model(run_options.init_from, run_options.attention, seed=settings.seed, **fields)
     prepared = prepare_preset_data(preset, data, settings.seed)
     # The mix checks its rows against the vocabulary as it is built: before anything is recorded.
     train_dataset = prepared.train_dataset
     model = (
         pretrained
         if pretrained is not None
-        else preset.model_for(run_options.attention or "diff", prepared.tokenizer)
+        else preset.model_for(run_options.attention or "diff", prepared.tokenizer, **fields)
     )
     attention = (model.config if pretrained is not None else model).attention
     recorded = dict(

@@ -1,8 +1,7 @@
 """What a training run of a preset needs, estimated before it starts (``difftransformer plan`` prints it:
 :mod:`difftransformer.train.plan_cli`).
 
-Exact parameter counts of DIFF, its matched baseline and DIFF V2 (each model built on the meta device: no memory
-used), an estimate of the memory per device under DDP and under FSDP (weights, gradients, optimizer state,
+Exact parameter counts of every attention kind's model (each built on the meta device: no memory used), an estimate of the memory per device under DDP and under FSDP (weights, gradients, optimizer state,
 activations at the preset's block size and batch), and the tokens of one optimizer step.
 
 Activations are measured rather than modelled: the bytes autograd keeps for backward, per token, are read off
@@ -24,7 +23,7 @@ from torch import nn
 from transformers.trainer_utils import FSDPOption
 
 from difftransformer.errors import UsageError
-from difftransformer.models import DiffTransformerConfig, DiffTransformerForCausalLM
+from difftransformer.models import KINDS, DiffTransformerConfig, DiffTransformerForCausalLM
 from difftransformer.train.presets import Preset
 from difftransformer.train.settings import step_tokens
 
@@ -38,7 +37,7 @@ GIB = 2**30
 MODELED_FSDP_OPTIONS = frozenset(
     {FSDPOption.FULL_SHARD, FSDPOption.SHARD_GRAD_OP, FSDPOption.OFFLOAD, FSDPOption.AUTO_WRAP}
 )
-PLANNED_KINDS = ("diff", "softmax", "diff_v2")  # DIFF V1, its matched baseline, DIFF V2
+PLANNED_KINDS = tuple(KINDS)  # every attention kind, each by its matching rule against the baseline
 _PROXY_TOKENS = 64  # tokens of a measuring run: above the decode path's query count, cheap at any vocabulary
 
 
@@ -234,7 +233,7 @@ def activation_rates(config: DiffTransformerConfig, *, bf16: bool) -> Activation
                     hidden_size=hidden,
                     intermediate_size=ffn,
                     num_hidden_layers=layers,
-                    attention_backend="sdpa" if config.attention == "diff" else "auto",
+                    attention_backend="sdpa" if config.differential_heads else "auto",
                 ),
                 _PROXY_TOKENS,
                 bf16=bf16,

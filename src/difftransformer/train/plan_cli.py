@@ -14,12 +14,13 @@ from transformers.trainer_utils import FSDPOption
 
 from difftransformer.errors import UsageError
 from difftransformer.flags import add_flags, given
+from difftransformer.models import KINDS
 from difftransformer.train.cli import checked_training_settings, resolved_preset, training_options
 from difftransformer.train.plan import GIB, ParallelSetup, Plan, StepTiming, make_plan
 from difftransformer.train.presets import PRESETS, RECIPE
 from difftransformer.train.settings import PresetOptions, TrainingSettings
 
-KIND_NAMES = {"diff": "DIFF", "softmax": "baseline", "diff_v2": "DIFF V2"}
+KIND_NAMES = {name: kind.label for name, kind in KINDS.items()}
 
 
 def format_plan(plan: Plan) -> str:
@@ -37,7 +38,7 @@ def format_plan(plan: Plan) -> str:
     for kind in plan.kinds:
         config = kind.config
         lines.append(
-            f"  {KIND_NAMES[kind.kind]:<9} {kind.counts.total:>15,}  ({config.num_attention_heads} heads, "
+            f"  {KIND_NAMES[kind.kind]:<15} {kind.counts.total:>15,}  ({config.num_attention_heads} heads, "
             f"{kind.counts.per_layer:,} per layer, {kind.counts.outside_layers:,} in embeddings, norm and head)"
         )
     precision = "bf16 mixed precision" if setup.bf16 else "float32"

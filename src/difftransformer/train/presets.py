@@ -1,8 +1,9 @@
 """Named model sizes and training recipes: the CPU demo, a small GPU run, and the paper's configurations.
 
 A preset is a model shape (the DIFF V1 model, ``h`` differential heads; the matched Transformer is
-``config.matched_baseline()``, 2h heads of the same width d, and DIFF V2 takes the baseline's head count, as in
-the paper's §2-3), the data recipe (block size, vocabulary, retrieval blocks), and ``training``: overrides of
+``config.matched_baseline()``, 2h heads of the same width d, and every other kind follows that baseline by its own
+matching rule, layers/kinds.py: DIFF V2 and gated attention take the baseline's head count, GDA its query heads
+split by gda_ratio), the data recipe (block size, vocabulary, retrieval blocks), and ``training``: overrides of
 :class:`difftransformer.train.settings.TrainingSettings` (``TrainingArguments`` names). Every preset starts from
 :data:`RECIPE`; every option no preset sets keeps transformers' default.
 """
@@ -16,7 +17,7 @@ from typing import Any
 
 from difftransformer.data.needles import NeedleSpec
 from difftransformer.errors import UsageError
-from difftransformer.models import ATTENTION_KINDS, DiffTransformerConfig
+from difftransformer.models import ATTENTION_KINDS, KINDS, DiffTransformerConfig
 from difftransformer.train.mixture import RecallMix
 from difftransformer.train.settings import TrainingSettings
 
@@ -113,8 +114,9 @@ class Preset:
         )
 
     def model_config(self, attention: str = "diff", **fields) -> DiffTransformerConfig:
-        """The model for ``attention`` ("diff", "softmax" = the matched baseline, "diff_v2"); ``fields`` (e.g.
-        vocab_size, bos/eos/pad ids) override the preset's."""
+        """The model for ``attention`` (a kind of :data:`~difftransformer.models.KINDS`: "diff", "softmax" = the
+        matched baseline, and the others by their matching rule against it); ``fields`` (e.g. vocab_size, bos/eos/pad
+        ids, and the kind's own fields such as gda_ratio) override the preset's."""
         if attention not in ATTENTION_KINDS:
             raise UsageError(f"`attention` must be one of {ATTENTION_KINDS}; got {attention!r}")
         if self.max_position_embeddings is not None and self.max_position_embeddings < self.block_size:
@@ -122,6 +124,8 @@ class Preset:
                 f"`max_position_embeddings` must be at least `block_size` ({self.block_size}), the length the "
                 f"model trains on; got {self.max_position_embeddings}"
             )
+        kind = KINDS[attention]
+        own = {name: fields.pop(name) for name in kind.fields if name in fields}
         kwargs = dict(
             vocab_size=self.vocab_size,
             hidden_size=self.hidden_size,
@@ -136,12 +140,9 @@ class Preset:
         diff = DiffTransformerConfig(**kwargs)
         if attention == "diff":
             return diff
-        baseline = diff.matched_baseline()
-        if attention == "softmax":
-            return baseline
-        return dataclasses.replace(baseline, attention="diff_v2")
+        return kind.match(diff.matched_baseline(), **own)
 
-    def model_for(self, attention: str, tokenizer: Any) -> DiffTransformerConfig:
+    def model_for(self, attention: str, tokenizer: Any, **fields: Any) -> DiffTransformerConfig:
         """:meth:`model_config` for text from ``tokenizer``: its vocabulary size and special-token ids."""
         return self.model_config(
             attention,
@@ -149,6 +150,7 @@ class Preset:
             bos_token_id=tokenizer.bos_token_id,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
+            **fields,
         )
 
     def at_width(self, width: int) -> Preset:

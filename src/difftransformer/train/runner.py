@@ -209,7 +209,7 @@ def train_model(
         set_seed(args.seed)  # the same initial weights for the same seed and config
         if isinstance(model, DiffTransformerConfig):
             model = DiffTransformerForCausalLM(model)
-        if config.attention == "diff" and args.device.type == "cpu":
+        if config.differential_heads and args.device.type == "cpu":
             fused_cpu_available()  # compile the CPU kernel now (first use only), not inside the timed steps
         train_dataset = (
             train_blocks if isinstance(train_blocks, Blocks) else Blocks(train_blocks, config.vocab_size)

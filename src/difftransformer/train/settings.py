@@ -104,13 +104,19 @@ class RunOptions:
     attention: Literal[ATTENTION_KINDS] | None = field(
         default=None,
         metadata={"help": "diff: DIFF V1 with the preset's h heads; softmax: the matched baseline (2h heads); "
-                  "diff_v2: DIFF V2 with the baseline's head count (default: diff; with --init-from, the folder's "
-                  "kind)"},
+                  "diff_v2: DIFF V2 and gated: gated attention with the baseline's head count; gda: grouped "
+                  "differential attention with the baseline's query heads split --gda-ratio signal heads to a "
+                  "noise map (docs/architecture.md) (default: diff; with --init-from, the folder's kind)"},
+    )  # fmt: skip
+    gda_ratio: int | None = field(
+        default=None,
+        metadata={"help": "with --attention gda: signal heads per noise map (1: DIFF V1's shape; the GDA paper "
+                  "finds 3 and 4 best) (default: 1)"},
     )  # fmt: skip
     init_from: str | None = field(
         default=None,
         metadata={"help": "start from a saved model folder: its weights, config and tokenizer (a softmax or "
-                  "Llama-family model is upcycled when --attention names diff_v2 or diff; docs/training.md); the "
+                  "Llama-family model is upcycled when --attention names another kind; docs/training.md); the "
                   "preset gives the recipe", "metavar": "DIR"},
     )  # fmt: skip
     resume: bool = field(
@@ -118,6 +124,17 @@ class RunOptions:
         metadata={"help": "continue from the last finished checkpoint in --output-dir (unfinished ones are set "
                   "aside)"},
     )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if self.gda_ratio is not None:
+            if self.attention != "gda":
+                raise UsageError(f"`gda_ratio` is for `attention` gda; got `attention` {self.attention}")
+            if isinstance(self.gda_ratio, bool) or not isinstance(self.gda_ratio, int) or self.gda_ratio < 1:
+                raise UsageError(f"`gda_ratio` must be a positive integer; got {self.gda_ratio!r}")
+
+    def model_fields(self) -> dict[str, int]:
+        """The attention kind's own configuration fields these options set (GDA's gda_ratio)."""
+        return {} if self.gda_ratio is None else {"gda_ratio": self.gda_ratio}
 
 
 def parse_length_schedule(text: str) -> list[tuple[int, int]]:

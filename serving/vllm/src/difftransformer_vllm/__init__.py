@@ -1,5 +1,6 @@
-"""vLLM plugin for the difftransformer package's models: ``vllm serve RUN_DIR`` and ``LLM(RUN_DIR)`` for DIFF V1,
-DIFF V2 and the matched softmax Transformer (on CPU builds, ``difftransformer-vllm serve RUN_DIR``: :mod:`.cli`).
+"""vLLM plugin for the difftransformer package's models: ``vllm serve RUN_DIR`` and ``LLM(RUN_DIR)`` for every
+attention kind (DIFF V1, GDA, DIFF V2, gated attention) and the matched softmax Transformer (on CPU builds,
+``difftransformer-vllm serve RUN_DIR``: :mod:`.cli`).
 
 vLLM calls :func:`register` in each of its processes (the ``vllm.general_plugins`` entry point): the folders' config
 class becomes known to transformers' ``AutoConfig`` (so no ``--trust-remote-code`` is needed) and their architecture
