@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-slow lint demo demo-check study study-scaling study-retrieval study-retrieval-long study-upcycle bench clean hub test-serving
+.PHONY: test test-slow lint demo demo-check study study-scaling study-kinds study-retrieval study-retrieval-long study-upcycle bench clean hub test-serving
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -63,6 +63,19 @@ study-scaling: $(STAMP)
 		$(SCALING_RUNS)/*.png $(SCALING_REPORT)/
 	cp $(SCALING_RUNS)-norm/report.md $(SCALING_RUNS)-norm/report.html $(SCALING_RUNS)-norm/results.json \
 		$(SCALING_RUNS)-norm/*.png $(SCALING_REPORT)/norm/
+
+# The attention kinds people weigh DIFF against (docs/results/kinds): DIFF V1, DIFF V2, GDA at 3 and 4 signal heads a
+# noise map, gated attention and the Transformer on the retrieval preset, 3 seeds each at the preset's learning rate
+# (about 1.5 hours on 2 CPU cores); KINDS_ARGS="--learning-rates 1e-3,3e-3,1e-2" tunes each arm (about 3x as long).
+KINDS_RUNS ?= runs/study-kinds
+KINDS_REPORT ?= docs/results/kinds
+KINDS_ARGS ?=
+study-kinds: $(STAMP)
+	$(PY) -m difftransformer compare --preset retrieval \
+		--variants "diff,diff_v2,gda(gda_ratio=3),gda(gda_ratio=4),gated,softmax" --seeds 0,1,2 \
+		--tasks mqar,quant,outliers --output-dir $(KINDS_RUNS) $(KINDS_ARGS)
+	mkdir -p $(KINDS_REPORT)
+	cp $(KINDS_RUNS)/report.md $(KINDS_RUNS)/report.html $(KINDS_RUNS)/results.json $(KINDS_RUNS)/*.png $(KINDS_REPORT)/
 
 # The retrieval study of docs/results/retrieval: 2-layer models trained on text with MQAR and induction rows mixed in,
 # DIFF as the paper specifies it, without its per-head norm, DIFF V2 and the Transformer, 3 seeds each (about an
