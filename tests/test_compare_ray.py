@@ -245,3 +245,19 @@ def test_a_run_of_two_workers_trains_as_one_process_with_their_whole_batch(text_
     assert column(runs["two"], "loss")[1] == pytest.approx(column(runs["one"], "loss")[1], abs=1e-5)
     assert column(runs["two"], "eval_loss")[1] == pytest.approx(column(runs["one"], "eval_loss")[1], abs=1e-5)
     assert list((tmp_path / "two" / "runs" / "micro-diff-seed0").glob("run.rank.*.log"))
+
+
+def test_leaving_ray_puts_back_the_callers_sigterm_handler():
+    """ray.init installs its driver's SIGTERM handler; a program that calls compare keeps its own after."""
+    from difftransformer.compare.cluster import connect
+
+    def own(*_):
+        return None
+
+    previous = signal.signal(signal.SIGTERM, own)
+    try:
+        with connect(None):
+            assert signal.getsignal(signal.SIGTERM) is not own
+        assert signal.getsignal(signal.SIGTERM) is own
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -7,6 +7,7 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -120,6 +121,17 @@ def test_parallel_tokenising_gives_the_serial_blocks(tokenizer, tmp_path, monkey
     assert packed_blocks(docs, tokenizer, 64, cache_dir=tmp_path / "two")[0, 0] == stream[0]
     with pytest.raises(ValueError, match="`num_proc` must be a positive integer, got 0"):
         packed_blocks(["other text"] * 50, tokenizer, 8, cache_dir=tmp_path, num_proc=0)
+
+
+def test_tokenising_workers_take_sigterm_at_its_default(tokenizer):
+    """A forked worker inherits its parent's Python SIGTERM handler (a Ray driver's, which compare holds while it
+    runs); a handler that returns would keep the worker waiting on the task queue through Pool.terminate()."""
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        blocks_module._start_worker(tokenizer.backend_tokenizer.to_str(), tokenizer.eos_token_id)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_prepare_then_train_data_reuses_the_cache(tokenizer, tmp_path, monkeypatch):

@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import socket
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,6 +134,10 @@ def connect(address: str | None) -> Iterator[Cluster]:
     )
     if ray.is_initialized():
         raise RuntimeError("compare connects to Ray itself; this process is already connected")
+    # ray.init installs a SIGTERM handler for its driver; the caller's is put back when Ray is left.
+    sigterm = (
+        signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+    )
     try:
         if address is None:
             context = ray.init(
@@ -144,6 +150,8 @@ def connect(address: str | None) -> Iterator[Cluster]:
         else:
             context = ray.init(address=address, **options)
     except (ConnectionError, RuntimeError, ValueError) as error:
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
         raise UsageError(f"`ray_address` {address}: cannot connect to Ray ({error})") from None
     try:
         nodes = tuple(
@@ -153,6 +161,8 @@ def connect(address: str | None) -> Iterator[Cluster]:
         yield Cluster(address=address, nodes=nodes, dashboard_url=f"http://{url}" if url else None)
     finally:
         ray.shutdown()
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
 
 
 def check_shared(paths: Sequence[Path], cluster: Cluster) -> None:

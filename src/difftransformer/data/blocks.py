@@ -13,6 +13,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import tempfile
 import warnings
@@ -193,6 +194,10 @@ _worker_eos = 0
 def _start_worker(definition: str, eos: int) -> None:
     global _worker_tokenizer, _worker_eos
     from tokenizers import Tokenizer
+
+    # A forked worker inherits its parent's Python SIGTERM handler (a Ray driver's, say), which can keep it waiting
+    # on the task queue through Pool.terminate(): terminate must end it.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     _worker_tokenizer, _worker_eos = Tokenizer.from_str(definition), eos
 
