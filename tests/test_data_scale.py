@@ -123,15 +123,30 @@ def test_parallel_tokenising_gives_the_serial_blocks(tokenizer, tmp_path, monkey
         packed_blocks(["other text"] * 50, tokenizer, 8, cache_dir=tmp_path, num_proc=0)
 
 
-def test_tokenising_workers_take_sigterm_at_its_default(tokenizer):
-    """A forked worker inherits its parent's Python SIGTERM handler (a Ray driver's, which compare holds while it
-    runs); a handler that returns would keep the worker waiting on the task queue through Pool.terminate()."""
-    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+def test_tokenising_workers_are_born_with_sigterm_at_its_default(tokenizer, tmp_path, monkeypatch):
+    """A forked worker inherits its parent's Python SIGTERM handler; one that returns (a Ray driver's, which
+    compare holds while it runs) swallows Pool.terminate's signal to a worker still starting up, and the pool's
+    join waits on it forever. Each worker records the handler it was born with, before its own start-up code."""
+    start = blocks_module._start_worker
+
+    def recording_start(*args):
+        (tmp_path / f"worker-{os.getpid()}").write_text(
+            str(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+        )
+        start(*args)
+
+    def own(*_):
+        return None
+
+    monkeypatch.setattr(blocks_module, "_start_worker", recording_start)
+    previous = signal.signal(signal.SIGTERM, own)
     try:
-        blocks_module._start_worker(tokenizer.backend_tokenizer.to_str(), tokenizer.eos_token_id)
-        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        blocks = packed_blocks(_documents(300), tokenizer, 64, cache_dir=tmp_path / "cache", num_proc=2)
+        assert signal.getsignal(signal.SIGTERM) is own  # the parent's handler is back
     finally:
         signal.signal(signal.SIGTERM, previous)
+    born = [path.read_text() for path in tmp_path.glob("worker-*")]
+    assert blocks.shape[1] == 64 and born == ["True", "True"], born
 
 
 def test_prepare_then_train_data_reuses_the_cache(tokenizer, tmp_path, monkeypatch):

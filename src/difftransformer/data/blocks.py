@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -195,10 +196,6 @@ def _start_worker(definition: str, eos: int) -> None:
     global _worker_tokenizer, _worker_eos
     from tokenizers import Tokenizer
 
-    # A forked worker inherits its parent's Python SIGTERM handler (a Ray driver's, say), which can keep it waiting
-    # on the task queue through Pool.terminate(): terminate must end it.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
     _worker_tokenizer, _worker_eos = Tokenizer.from_str(definition), eos
 
 
@@ -224,8 +221,9 @@ def _single_threaded_tokenizers() -> Iterator[None]:
 def _parallel(batches: Iterator[list[str]], definition: str, eos: int, num_proc: int) -> Iterator[np.ndarray]:
     """``_encode`` of each batch in ``num_proc`` forked workers, in order, with at most two batches per worker
     in flight (reading never runs ahead of tokenising by more than that)."""
-    with _single_threaded_tokenizers():
+    with _single_threaded_tokenizers(), _default_sigterm():
         pool = multiprocessing.get_context("fork").Pool(num_proc, _start_worker, (definition, eos))
+    finished = False
     try:
         pending: collections.deque = collections.deque()
         for batch in batches:
@@ -234,9 +232,28 @@ def _parallel(batches: Iterator[list[str]], definition: str, eos: int, num_proc:
                 yield pending.popleft().get()
         while pending:
             yield pending.popleft().get()
+        finished = True
     finally:
-        pool.terminate()
+        if finished:
+            pool.close()  # the workers take their end-of-work sentinels and leave
+        else:
+            pool.terminate()
         pool.join()
+
+
+@contextmanager
+def _default_sigterm() -> Iterator[None]:
+    """SIGTERM at its default while workers are forked, the parent's handler restored after. A forked worker
+    inherits its parent's Python handler; one that returns (a Ray driver's, which compare holds) would swallow
+    Pool.terminate's signal and leave the pool's join waiting forever on a worker still starting up."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread sets handlers; a worker thread's parent keeps its own
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _read_cache(folder: Path, key: str) -> tuple[int, int] | None:
