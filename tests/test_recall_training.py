@@ -101,9 +101,9 @@ def test_needle_rows_are_drawn_lazily_from_the_training_text():
 
 
 def test_mixed_blocks_refuse_blocks_too_short_for_their_rows():
-    with pytest.raises(ValueError, match="`length` must be >= 32"):
+    with pytest.raises(ValueError, match="rows of 24 tokens cannot hold MQAR rows .* at least 32"):
         MixedBlocks(text_blocks(length=24), RecallMix(mqar_fraction=0.5, mqar_pairs=(2, 8)), VOCAB)
-    with pytest.raises(ValueError, match="`length` must be >= 12"):
+    with pytest.raises(ValueError, match="rows of 8 tokens cannot hold induction rows .* at least 12"):
         MixedBlocks(text_blocks(length=8), RecallMix(induction_fraction=0.5), VOCAB)
 
 

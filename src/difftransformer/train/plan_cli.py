@@ -66,10 +66,11 @@ def format_plan(plan: Plan) -> str:
         threads = plan.timing.threads or "torch's default"
         lines += ["", f"training time of one run on this machine ({steps:,} steps, {threads} threads, timed over "
                   f"{plan.timing.time_steps} steps; evaluation and start-up not included):"]  # fmt: skip
+        width = max(len(KIND_NAMES[kind.kind]) for kind in timed)
         for kind in timed:
             minutes = kind.seconds_per_step * steps / 60
             lines.append(
-                f"  {KIND_NAMES[kind.kind]:<9} {minutes:>10.1f} min  ({kind.seconds_per_step:.3f} s a step)"
+                f"  {KIND_NAMES[kind.kind]:<{width}} {minutes:>10.1f} min  ({kind.seconds_per_step:.3f} s a step)"
             )
     if setup.world_size > 1 and accumulation % setup.world_size == 0:
         lines.append(

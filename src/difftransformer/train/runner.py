@@ -200,7 +200,8 @@ def train_model(
     try:
         checkpoint = _checkpoint_to_resume(output_dir, resume)
         config = model if isinstance(model, DiffTransformerConfig) else model.config
-        tokenizer.model_max_length = config.max_position_embeddings
+        if tokenizer is not None:
+            tokenizer.model_max_length = config.max_position_embeddings
         if checkpoint is not None:
             _check_same_model(checkpoint, config)
         finished = _finished_run(output_dir, checkpoint, args, tokenizer)
