@@ -192,7 +192,8 @@ def test_ctrl_c_stops_the_grid_in_one_line_and_the_ray_it_started(text_file, tmp
         monkeypatch.setenv(name, value)
     before = ray_processes()
     out = tmp_path / "out"
-    command = compare_command(text_file, out, None, variants="softmax", seeds="0")
+    # A run far longer than the wait for its first checkpoint: a slow machine cannot finish it before the signal.
+    command = compare_command(text_file, out, None, "--max-steps", "3000", variants="softmax", seeds="0")
     stopped = interrupt_compare(command, lambda: any(out.glob("runs/*/checkpoint-10")), signal.SIGINT)
     assert stopped.returncode == 130
     assert re.search(r"compare: Ray's dashboard at http://127\.0\.0\.1:\d+ ", stopped.stdout), stopped.stdout
