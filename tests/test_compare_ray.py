@@ -25,7 +25,7 @@ from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.checkpoints import COMPLETE_MARKER
 from difftransformer.train.lock import LOCK_NAME
 from difftransformer.train.runner import METRICS_CSV
-from test_train_support import synthetic_texts
+from test_train_support import as_from_a_shell, synthetic_texts
 
 # Ray resolves a loopback address to the machine's own network address unless told that clusters stay local.
 LOCAL = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
@@ -87,7 +87,7 @@ def interrupt_compare(
 ) -> subprocess.CompletedProcess:
     """Start ``command``, send it ``sig`` once ``when()`` holds, and wait for it to end."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, **LOCAL}, cwd=cwd)  # fmt: skip
+                               env={**os.environ, **LOCAL}, cwd=cwd, preexec_fn=as_from_a_shell)  # fmt: skip
     deadline = time.monotonic() + 300
     while not when() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -19,7 +19,7 @@ from difftransformer.train.checkpoints import COMPLETE_MARKER
 from helpers import random_model
 from test_convert import random_diffllama
 from test_convert_llama import random_llama
-from test_train_support import synthetic_texts
+from test_train_support import as_from_a_shell, synthetic_texts
 
 
 def snapshot(folder: Path) -> dict[str, str]:
@@ -148,7 +148,11 @@ def test_ctrl_c_ends_train_with_a_one_line_note(train_argv):
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "difftransformer", *command], stderr=subprocess.PIPE, text=True, env=env
+        [sys.executable, "-m", "difftransformer", *command],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=as_from_a_shell,
     )
     deadline = time.monotonic() + 120
     while not (run / "checkpoint-2" / COMPLETE_MARKER).is_file() and process.poll() is None:

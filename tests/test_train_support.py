@@ -4,6 +4,7 @@ blocks (tests/conftest.py's ``data`` fixture is made of them)."""
 from __future__ import annotations
 
 import random
+import signal
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -42,6 +43,13 @@ def pack(texts: list[str], tokenizer, block_size: int) -> torch.Tensor:
         ids += tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]
     ids = torch.tensor(ids[: len(ids) // block_size * block_size], dtype=torch.long)
     return ids.view(-1, block_size)
+
+
+def as_from_a_shell() -> None:
+    """``preexec_fn`` of a command a test interrupts: SIGINT unblocked and at its default, as a shell starts a
+    program, whatever the test process's own disposition and mask (which a child inherits) have become."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_synthetic_texts_are_fixed_by_their_seed():
