@@ -12,6 +12,7 @@ import torch
 
 from difftransformer import DiffTransformerConfig, DiffTransformerForCausalLM
 from difftransformer.cli import main
+from difftransformer.train import plan as plan_module
 from difftransformer.train.plan import (
     ADAMW_STATE_BYTES,
     FLOAT32_BYTES,
@@ -22,6 +23,7 @@ from difftransformer.train.plan import (
     ddp_memory,
     fsdp_memory,
     make_plan,
+    row_lengths,
     saved_bytes,
 )
 from difftransformer.train.presets import get_preset
@@ -179,6 +181,26 @@ def test_plan_uses_the_preset_batch_and_world_size():
     )
 
 
+def test_a_run_is_cut_into_stretches_of_its_row_lengths():
+    long = get_preset("retrieval-long")  # 64-token rows until step 4,500 of 5,100, then 256
+    assert long.length_schedule == ((0, 64), (4500, 256)) and long.training["max_steps"] == 5100
+    assert row_lengths(long) == ((4500, 64), (600, 256))
+    assert row_lengths(long.with_training(max_steps=3000)) == ((3000, 64),)  # the later length is never reached
+    assert row_lengths(long.with_training(max_steps=4501)) == ((4500, 64), (1, 256))
+    micro = get_preset("micro")
+    assert row_lengths(micro) == ((micro.training["max_steps"], micro.block_size),)
+
+
+def test_the_memory_table_keeps_each_title_over_its_column(capsys):
+    assert main(["plan", "--preset", "retrieval-long"]) == 0
+    lines = capsys.readouterr().out.split("memory per device")[1].splitlines()[1:7]
+    header, rows = lines[0], lines[1:]
+    ends = [found.end() for found in re.finditer(r"\S+ (?:DDP|FSDP)", header)]
+    assert len(ends) == 4
+    for row in rows:
+        assert [found.end() for found in re.finditer(r"\d+\.\d\d", row)] == ends, (header, row)
+
+
 def test_bad_setups_are_refused():
     with pytest.raises(ValueError, match="world_size"):
         ParallelSetup(world_size=0)
@@ -244,3 +266,23 @@ def test_plan_times_each_models_steps_on_this_machine(capsys):
         names.append(found[1])
     assert names == ["DIFF", "GDA", "DIFF V2", "Gated attention", "Transformer"]
     assert len({line.index(" min") for line in lines}) == 1  # one column
+
+
+def test_plan_times_each_stretch_of_a_length_schedule_at_its_row_length(capsys, monkeypatch):
+    timed = []
+
+    def fake_step_seconds(config, batch, block_size, steps, threads):
+        timed.append((config.attention, batch, block_size, steps, threads))
+        return block_size / 1000  # a step's seconds stand for its row length: each stretch must use its own
+
+    monkeypatch.setattr(plan_module, "step_seconds", fake_step_seconds)
+    flags = ["--preset", "micro", "--needle-fraction", "0", "--length-schedule", "0:16,1000:256", "--max-steps", "3000"]
+    assert main(["plan", *flags, "--time-steps", "2", "--threads", "1"]) == 0
+    batch = get_preset("micro").training["per_device_train_batch_size"]
+    assert sorted({call[1:] for call in timed}) == [(batch, 16, 2, 1), (batch, 256, 2, 1)]
+    lines = capsys.readouterr().out.split("training time of one run")[1].splitlines()[1:6]
+    for line in lines:
+        assert line.endswith(
+            f"{(1000 * 0.016 + 2000 * 0.256) / 60:.1f} min  "
+            "(1,000 steps of 16-token rows at 0.016 s, 2,000 steps of 256-token rows at 0.256 s)"
+        ), line

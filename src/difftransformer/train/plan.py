@@ -323,9 +323,32 @@ def fsdp_memory(
     )
 
 
+def row_lengths(preset: Preset) -> tuple[tuple[int, int], ...]:
+    """``(steps, tokens a row)`` of each stretch of a run of ``preset``: its ``length_schedule`` cut at
+    ``max_steps``, or every step at the block size. The rows a step are the same in every stretch."""
+    steps = preset.training.max_steps
+    schedule = preset.length_schedule or ((0, preset.block_size),)
+    ends = [start for start, _ in schedule[1:]] + [steps]
+    return tuple(
+        (min(end, steps) - start, tokens)
+        for (start, tokens), end in zip(schedule, ends)
+        if min(end, steps) > start
+    )
+
+
+@dataclass(frozen=True)
+class TimedStretch:
+    """A stretch of a run: ``steps`` training steps on rows of ``tokens``, each timed at ``seconds``."""
+
+    steps: int
+    tokens: int
+    seconds: float
+
+
 @dataclass(frozen=True)
 class KindPlan:
-    """One attention kind's model: its parameters and memory per device under DDP and FSDP."""
+    """One attention kind's model: its parameters, memory per device under DDP and FSDP, and (when timed) the
+    seconds of a training step in each stretch of the run's row lengths."""
 
     kind: str
     config: DiffTransformerConfig
@@ -333,7 +356,12 @@ class KindPlan:
     rates: ActivationRates
     ddp: MemoryEstimate
     fsdp: MemoryEstimate
-    seconds_per_step: float | None = None
+    timed: tuple[TimedStretch, ...] = ()
+
+    @property
+    def training_seconds(self) -> float:
+        """The run's training time from the timed steps (0 when not timed)."""
+        return sum(stretch.steps * stretch.seconds for stretch in self.timed)
 
 
 @dataclass(frozen=True)
@@ -355,7 +383,8 @@ def make_plan(
     timing: StepTiming = StepTiming(),
 ) -> Plan:
     """The plan of a run of ``preset`` (with its training settings) on ``setup``; with ``timing.time_steps``, each
-    kind's training step timed on this machine at the preset's micro-batch and block size."""
+    kind's training step timed on this machine at the preset's micro-batch, at every row length of its
+    ``length_schedule`` (the block size without one)."""
     batch = preset.training.per_device_train_batch_size
     tokens_per_device = preset.block_size * batch
     plans = []
@@ -372,11 +401,14 @@ def make_plan(
                 rates=rates,
                 ddp=ddp_memory(counts, rates, setup, layers, tokens_per_device),
                 fsdp=fsdp_memory(counts, rates, setup, layers, tokens_per_device),
-                seconds_per_step=step_seconds(
-                    config, batch, preset.block_size, timing.time_steps, timing.threads
+                timed=tuple(
+                    TimedStretch(
+                        steps, tokens, step_seconds(config, batch, tokens, timing.time_steps, timing.threads)
+                    )
+                    for steps, tokens in row_lengths(preset)
                 )
                 if timing.time_steps
-                else None,
+                else (),
             )
         )
     return Plan(

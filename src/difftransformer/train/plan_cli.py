@@ -49,18 +49,19 @@ def format_plan(plan: Plan) -> str:
         f"{batch} x {preset.block_size} tokens; FSDP: {' '.join(setup.fsdp)}):",
     ]
     shown = [k for k in plan.kinds if k.kind in ("diff", "softmax")]
-    header = "".join(f"{KIND_NAMES[k.kind] + ' ' + engine:>16}" for k in shown for engine in ("DDP", "FSDP"))
-    lines.append(f"  {'':<16}{header}")
+    titles = [f"{KIND_NAMES[k.kind]} {engine}" for k in shown for engine in ("DDP", "FSDP")]
+    column = max(16, *(len(title) + 2 for title in titles))
+    lines.append(f"  {'':<16}" + "".join(f"{title:>{column}}" for title in titles))
     for label in ("weights", "gradients", "optimizer_state", "activations", "total"):
         cells = "".join(
-            f"{getattr(getattr(k, engine), label) / GIB:>16.2f}" for k in shown for engine in ("ddp", "fsdp")
+            f"{getattr(getattr(k, engine), label) / GIB:>{column}.2f}" for k in shown for engine in ("ddp", "fsdp")
         )
         lines.append(f"  {label.replace('_', ' '):<16}{cells}")
     if not setup.bf16:
         lines.append(
             "  (train turns --bf16 on by itself on a GPU that supports it: add --bf16 to plan for that)"
         )
-    timed = [k for k in plan.kinds if k.seconds_per_step is not None]
+    timed = [k for k in plan.kinds if k.timed]
     if timed:
         steps = preset.training.max_steps
         threads = plan.timing.threads or "torch's default"
@@ -68,9 +69,15 @@ def format_plan(plan: Plan) -> str:
                   f"{plan.timing.time_steps} steps; evaluation and start-up not included):"]  # fmt: skip
         width = max(len(KIND_NAMES[kind.kind]) for kind in timed)
         for kind in timed:
-            minutes = kind.seconds_per_step * steps / 60
+            if len(kind.timed) == 1:
+                stretches = f"{kind.timed[0].seconds:.3f} s a step"
+            else:  # a length schedule: each stretch of row lengths timed apart
+                stretches = ", ".join(
+                    f"{stretch.steps:,} steps of {stretch.tokens}-token rows at {stretch.seconds:.3f} s"
+                    for stretch in kind.timed
+                )
             lines.append(
-                f"  {KIND_NAMES[kind.kind]:<{width}} {minutes:>10.1f} min  ({kind.seconds_per_step:.3f} s a step)"
+                f"  {KIND_NAMES[kind.kind]:<{width}} {kind.training_seconds / 60:>10.1f} min  ({stretches})"
             )
     if setup.world_size > 1 and accumulation % setup.world_size == 0:
         lines.append(
