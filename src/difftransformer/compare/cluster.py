@@ -12,15 +12,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import socket
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from difftransformer.compare.resources import RunResources, default_resources
 from difftransformer.errors import UsageError
+from difftransformer.process_signals import sigterm_handler
 
 # Environment of every worker process: tqdm bars in the runs' logs (run.log, a file) redraw at most twice a minute,
 # and Tune leaves a trial in the worker's own folder rather than its trial folder (every path a run reads or writes
@@ -135,34 +134,28 @@ def connect(address: str | None) -> Iterator[Cluster]:
     if ray.is_initialized():
         raise RuntimeError("compare connects to Ray itself; this process is already connected")
     # ray.init installs a SIGTERM handler for its driver; the caller's is put back when Ray is left.
-    sigterm = (
-        signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
-    )
-    try:
-        if address is None:
-            context = ray.init(
-                address="local",
-                num_cpus=len(os.sched_getaffinity(0)),
-                num_gpus=torch.cuda.device_count(),
-                _node_ip_address="127.0.0.1",
-                **options,
+    with sigterm_handler():
+        try:
+            if address is None:
+                context = ray.init(
+                    address="local",
+                    num_cpus=len(os.sched_getaffinity(0)),
+                    num_gpus=torch.cuda.device_count(),
+                    _node_ip_address="127.0.0.1",
+                    **options,
+                )
+            else:
+                context = ray.init(address=address, **options)
+        except (ConnectionError, RuntimeError, ValueError) as error:
+            raise UsageError(f"`ray_address` {address}: cannot connect to Ray ({error})") from None
+        try:
+            nodes = tuple(
+                {key: float(value) for key, value in node["Resources"].items()} for node in _alive_nodes()
             )
-        else:
-            context = ray.init(address=address, **options)
-    except (ConnectionError, RuntimeError, ValueError) as error:
-        if sigterm is not None:
-            signal.signal(signal.SIGTERM, sigterm)
-        raise UsageError(f"`ray_address` {address}: cannot connect to Ray ({error})") from None
-    try:
-        nodes = tuple(
-            {key: float(value) for key, value in node["Resources"].items()} for node in _alive_nodes()
-        )
-        url = getattr(context, "dashboard_url", None) or None
-        yield Cluster(address=address, nodes=nodes, dashboard_url=f"http://{url}" if url else None)
-    finally:
-        ray.shutdown()
-        if sigterm is not None:
-            signal.signal(signal.SIGTERM, sigterm)
+            url = getattr(context, "dashboard_url", None) or None
+            yield Cluster(address=address, nodes=nodes, dashboard_url=f"http://{url}" if url else None)
+        finally:
+            ray.shutdown()
 
 
 def check_shared(paths: Sequence[Path], cluster: Cluster) -> None:

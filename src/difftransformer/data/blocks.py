@@ -16,7 +16,6 @@ import os
 import signal
 import sys
 import tempfile
-import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -30,6 +29,7 @@ from tqdm.auto import tqdm
 
 from difftransformer.data.corpus import CorpusError
 from difftransformer.errors import UsageError
+from difftransformer.process_signals import sigterm_handler
 from difftransformer.storage import atomic_write, file_sha256
 from difftransformer.storage import cache_dir as default_cache
 
@@ -221,7 +221,9 @@ def _single_threaded_tokenizers() -> Iterator[None]:
 def _parallel(batches: Iterator[list[str]], definition: str, eos: int, num_proc: int) -> Iterator[np.ndarray]:
     """``_encode`` of each batch in ``num_proc`` forked workers, in order, with at most two batches per worker
     in flight (reading never runs ahead of tokenising by more than that)."""
-    with _single_threaded_tokenizers(), _default_sigterm():
+    # Workers are born with SIGTERM at its default: a handler that returns (a Ray driver's, which compare holds)
+    # would swallow Pool.terminate's signal in a worker still starting up and leave the pool's join waiting forever.
+    with _single_threaded_tokenizers(), sigterm_handler(signal.SIG_DFL):
         pool = multiprocessing.get_context("fork").Pool(num_proc, _start_worker, (definition, eos))
     finished = False
     try:
@@ -239,21 +241,6 @@ def _parallel(batches: Iterator[list[str]], definition: str, eos: int, num_proc:
         else:
             pool.terminate()
         pool.join()
-
-
-@contextmanager
-def _default_sigterm() -> Iterator[None]:
-    """SIGTERM at its default while workers are forked, the parent's handler restored after. A forked worker
-    inherits its parent's Python handler; one that returns (a Ray driver's, which compare holds) would swallow
-    Pool.terminate's signal and leave the pool's join waiting forever on a worker still starting up."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread sets handlers; a worker thread's parent keeps its own
-        return
-    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _read_cache(folder: Path, key: str) -> tuple[int, int] | None:

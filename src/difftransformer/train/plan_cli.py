@@ -54,7 +54,9 @@ def format_plan(plan: Plan) -> str:
     lines.append(f"  {'':<16}" + "".join(f"{title:>{column}}" for title in titles))
     for label in ("weights", "gradients", "optimizer_state", "activations", "total"):
         cells = "".join(
-            f"{getattr(getattr(k, engine), label) / GIB:>{column}.2f}" for k in shown for engine in ("ddp", "fsdp")
+            f"{getattr(getattr(k, engine), label) / GIB:>{column}.2f}"
+            for k in shown
+            for engine in ("ddp", "fsdp")
         )
         lines.append(f"  {label.replace('_', ' '):<16}{cells}")
     if not setup.bf16:

@@ -1,0 +1,29 @@
+"""The process's SIGTERM handler, set for a stretch of work and put back after it."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+Handler = Callable[[int, Any], Any] | int | None
+
+
+@contextmanager
+def sigterm_handler(during: Handler = None) -> Iterator[None]:
+    """The main thread's SIGTERM handler as it was once the block ends, whatever the block installed (Ray's
+    driver installs its own); with ``during``, that handler inside the block (``signal.SIG_DFL``: what processes
+    forked inside it are born with). Off the main thread, where handlers cannot be set, the block runs untouched."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if during is not None:
+        signal.signal(signal.SIGTERM, during)
+    try:
+        yield
+    finally:
+        if previous is not None:  # None: a handler set outside Python, which cannot be put back from it
+            signal.signal(signal.SIGTERM, previous)
