@@ -249,6 +249,26 @@ def test_claims_table_with_sizes_adds_the_scaling_row():
     assert "DIFF 0.60 ± 0.00 of Transformer's" in row and "62.2%" in row and row.endswith("| agrees |")
 
 
+def test_scaling_counts_the_decoder_layers_parameters_where_records_keep_them():
+    records = []
+    # The law holds in the decoder layers' parameters; every model also has 50,000 in its embeddings and head,
+    # which a fit on all parameters would count, moving the matching share away from 0.6.
+    for n in (1e4, 2e4, 4e4):
+        for spec, size in (("softmax", n), ("diff", n / 0.6)):
+            made = record(spec, 0, 10 * size**-0.1, 0.3, scale=f"n{int(n)}", parameters=int(n) + 50_000)
+            made.layer_parameters = int(n)
+            records.append(made)
+    assert records[0].size("parameters") == 1e4 and records[0].size("tokens") == 4096
+    assert matching_ratios(records, "diff", "softmax", "parameters") == pytest.approx([0.6], rel=1e-6)
+    report = Report("claims")
+    claims_section(report, records, parse_variants("diff,softmax"), "n40000", "parameters")
+    assert "| parameters in the decoder layers DIFF needs for the baseline's loss" in report.markdown()
+    for made in records:  # a record written before they were kept: all its parameters
+        made.layer_parameters = None
+    assert records[0].size("parameters") == 60_000
+    assert matching_ratios(records, "diff", "softmax", "parameters")[0] != pytest.approx(0.6, rel=1e-2)
+
+
 def test_claims_need_the_baseline_and_at_chance_is_said():
     report = Report("claims")
     claims_section(report, planted_records(), parse_variants("diff,diff_v2"), "tiny", None)

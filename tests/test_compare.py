@@ -325,9 +325,14 @@ def test_compare_over_sizes_fits_scaling(tmp_path):
     text = compare(data, args).read_text()
     assert (
         "Scaling with parameters" in text
-        and "Transformer's loss with this share of the parameters: DIFF" in text
+        and "Transformer's loss with this share of the parameters in the decoder layers: DIFF" in text
     )
-    assert "| parameters DIFF needs for the baseline's loss" in text
+    assert "| parameters in the decoder layers DIFF needs for the baseline's loss" in text
+    # The fits' x: each run's parameters in its decoder layers, the embeddings, final norm and head left out.
+    for record in json.loads((tmp_path / "results.json").read_text())["runs"]:
+        model = DiffTransformerForCausalLM.from_pretrained(record["folder"])
+        outside = sum(p.numel() for name, p in model.named_parameters() if ".layers." not in name)
+        assert record["layer_parameters"] == record["parameters"] - outside > 0
     # The suite's rows are per variant and scale.
     mqar = text.split("(mqar)")[1]
     assert all(f"| {label} d{width} |" in mqar for label in ("DIFF", "Transformer") for width in (16, 32, 48))

@@ -185,7 +185,8 @@ def test_a_run_is_cut_into_stretches_of_its_row_lengths():
     long = get_preset("retrieval-long")  # 64-token rows until step 4,500 of 5,100, then 256
     assert long.length_schedule == ((0, 64), (4500, 256)) and long.training["max_steps"] == 5100
     assert row_lengths(long) == ((4500, 64), (600, 256))
-    assert row_lengths(long.with_training(max_steps=3000)) == ((3000, 64),)  # the later length is never reached
+    # Cut before the later length is reached: one stretch.
+    assert row_lengths(long.with_training(max_steps=3000)) == ((3000, 64),)
     assert row_lengths(long.with_training(max_steps=4501)) == ((4500, 64), (1, 256))
     micro = get_preset("micro")
     assert row_lengths(micro) == ((micro.training["max_steps"], micro.block_size),)
@@ -276,7 +277,8 @@ def test_plan_times_each_stretch_of_a_length_schedule_at_its_row_length(capsys, 
         return block_size / 1000  # a step's seconds stand for its row length: each stretch must use its own
 
     monkeypatch.setattr(plan_module, "step_seconds", fake_step_seconds)
-    flags = ["--preset", "micro", "--needle-fraction", "0", "--length-schedule", "0:16,1000:256", "--max-steps", "3000"]
+    flags = ["--preset", "micro", "--needle-fraction", "0", "--length-schedule", "0:16,1000:256",
+             "--max-steps", "3000"]  # fmt: skip
     assert main(["plan", *flags, "--time-steps", "2", "--threads", "1"]) == 0
     batch = get_preset("micro").training["per_device_train_batch_size"]
     assert sorted({call[1:] for call in timed}) == [(batch, 16, 2, 1), (batch, 256, 2, 1)]

@@ -154,17 +154,15 @@ def judge_claim(claim: Claim, runs: Sequence[RunRecord], baseline: Sequence[RunR
 
 
 def matching_ratios(records: Sequence[RunRecord], variant: str, baseline: str, by: str) -> list[float]:
-    """Per seed: the share of the baseline's parameters (``by="parameters"``) or tokens (``"tokens"``) at which the
-    power law fitted to ``variant``'s test losses reaches the baseline's fitted loss at its largest scale. Seeds
-    with fewer than two scales for either are left out."""
+    """Per seed: the share of the baseline's size (:meth:`RunRecord.size` by ``by``, "parameters" or "tokens") at
+    which the power law fitted to ``variant``'s test losses reaches the baseline's fitted loss at its largest scale.
+    Seeds with fewer than two scales for either are left out."""
     ratios = []
     for seed in sorted({r.seed for r in records}):
         points = {}
         for label in (variant, baseline):
             points[label] = [
-                (float(r.parameters if by == "parameters" else r.tokens), r.test_loss)
-                for r in records
-                if r.variant == label and r.seed == seed
+                (r.size(by), r.test_loss) for r in records if r.variant == label and r.seed == seed
             ]
         if any(len({x for x, _ in pairs}) < 2 for pairs in points.values()):
             continue

@@ -19,7 +19,8 @@ class RunRecord:
     what it scored (``suite``: what :func:`difftransformer.eval.suite.run_suite` returned; ``harness``: the
     lm-evaluation-harness tasks' metrics, ``{"options": ..., "metrics": {task: {metric: value}}}``, when asked);
     ``reused``: the model was trained by an earlier invocation with the same settings (its provenance.json says
-    which); ``learning_rate``: the rate it trained at (None in records made before rates were recorded)."""
+    which); ``learning_rate``: the rate it trained at (None in records made before rates were recorded);
+    ``layer_parameters``: the parameters in its decoder layers (None in records made before they were kept)."""
 
     variant: str
     seed: int
@@ -35,6 +36,15 @@ class RunRecord:
     harness: dict = dataclasses.field(default_factory=dict)
     reused: bool = False
     learning_rate: float | None = None
+    layer_parameters: int | None = None
+
+    def size(self, by: str) -> float:
+        """The x of a scaling fit: ``by="tokens"``, the training tokens; ``"parameters"``, those in the decoder
+        layers, as scaling laws count a model (embeddings, final norm and head left out: at a small width with a
+        large vocabulary they are most of it and would flatten the curve), or all of them in older records."""
+        if by == "tokens":
+            return float(self.tokens)
+        return float(self.parameters if self.layer_parameters is None else self.layer_parameters)
 
     def to_json(self) -> dict:
         """The record as JSON types (the folder as a string)."""

@@ -133,7 +133,7 @@ def claims_section(
 def _scaling_row(
     records: Sequence[RunRecord], others: Sequence[Variant], baseline: Variant, by: str
 ) -> list[str]:
-    name = f"{by} DIFF needs for the baseline's loss (share, power-law fits per seed)"
+    name = f"{size_name(records, by)} DIFF needs for the baseline's loss (share, power-law fits per seed)"
     row = [name, paper.PARAMETERS if by == "parameters" else paper.TOKENS]
     for variant in others:
         judgement = judge_ratio(matching_ratios(records, variant.spec(), baseline.spec(), by))
@@ -409,21 +409,25 @@ def plot_scaling(points: dict[str, list[tuple[float, float]]], xlabel: str, path
     return fits
 
 
+def size_name(records: Sequence[RunRecord], by: str) -> str:
+    """What :meth:`RunRecord.size` measures for ``by`` in these records, in words."""
+    if by == "tokens":
+        return "training tokens"
+    kept = all(r.layer_parameters is not None for r in records)
+    return "parameters in the decoder layers" if kept else "parameters"
+
+
 def scaling_section(
     report: Report, records: Sequence[RunRecord], variants: Sequence[Variant], out: Path, by: str
 ) -> None:
     """Power-law fits of test loss against parameters or tokens (all seeds pooled), their plot, and how much each
     DIFF variant needs to match the baseline."""
     points = {
-        v.spec(): [
-            (float(r.parameters if by == "parameters" else r.tokens), r.test_loss)
-            for r in records
-            if r.variant == v.spec()
-        ]
-        for v in variants
+        v.spec(): [(r.size(by), r.test_loss) for r in records if r.variant == v.spec()] for v in variants
     }
     name = f"scaling_{by}.png"
-    fits = plot_scaling(points, "parameters" if by == "parameters" else "training tokens", out / name)
+    axis_name = size_name(records, by)
+    fits = plot_scaling(points, axis_name, out / name)
     report.heading(f"Scaling with {by}")
     report.table(
         ["variant", "fit: loss = a * x^b", "a", "b"],
@@ -439,13 +443,14 @@ def scaling_section(
             if spec != baseline
         ]
         report.paragraph(
-            f"At the largest baseline ({largest:,.0f} {by}) the pooled fits say each variant reaches the "
-            f"Transformer's loss with this share of the {by}: {', '.join(shares)} (the paper: 62% of the "
+            f"At the largest baseline ({largest:,.0f} {axis_name}) the pooled fits say each variant reaches the "
+            f"Transformer's loss with this share of the {axis_name}: {', '.join(shares)} (the paper: 62% of the "
             "parameters at 6.8B; 63.7% of the tokens)."
         )
     report.image(
         name,
-        f"test loss against {by}, log-log: the mean over seeds with a ± one standard deviation band, and power-law fits",
+        f"test loss against {axis_name}, log-log: the mean over seeds with a ± one standard deviation band, and "
+        "power-law fits",
     )
 
 

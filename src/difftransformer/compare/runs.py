@@ -216,6 +216,7 @@ def train_and_evaluate(
         harness=harness,
         reused=not trained_now,
         learning_rate=run.learning_rate,
+        layer_parameters=sum(p.numel() for p in model.model.layers.parameters()),
         **trained,
     )
     write_json(folder / EVALUATION_JSON, record.to_json())
