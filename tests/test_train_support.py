@@ -46,8 +46,10 @@ def pack(texts: list[str], tokenizer, block_size: int) -> torch.Tensor:
 
 
 def as_from_a_shell() -> None:
-    """``preexec_fn`` of a command a test interrupts: SIGINT unblocked and at its default, as a shell starts a
-    program, whatever the test process's own disposition and mask (which a child inherits) have become."""
+    """``preexec_fn`` of a command a test interrupts: SIGINT unblocked and at its default, as an interactive shell
+    starts a program. A child inherits an ignored SIGINT, and a test run started in the background by a
+    non-interactive shell (``make test &``, nohup, many CI runners) has SIGINT ignored: its commands would sit
+    through the test's Ctrl-C."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
