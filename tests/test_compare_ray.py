@@ -187,19 +187,27 @@ def test_a_grid_on_two_nodes_gives_the_numbers_of_one_run_at_a_time(cluster, tex
     assert (fanned / "report.md").is_file() and "Learning rates" in (fanned / "report.md").read_text()
 
 
-def test_ctrl_c_stops_the_grid_in_one_line_and_the_ray_it_started(text_file, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "sig, status, ended",
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_ctrl_c_or_sigterm_stops_the_grid_in_one_line_and_the_ray_it_started(
+    sig, status, ended, text_file, tmp_path, monkeypatch
+):
+    """SIGTERM (kill, a scheduler's stop) ends compare as Ctrl-C does, where Ray's driver would abort."""
     for name, value in LOCAL.items():
         monkeypatch.setenv(name, value)
     before = ray_processes()
     out = tmp_path / "out"
     # A run far longer than the wait for its first checkpoint: a slow machine cannot finish it before the signal.
     command = compare_command(text_file, out, None, "--max-steps", "3000", variants="softmax", seeds="0")
-    stopped = interrupt_compare(command, lambda: any(out.glob("runs/*/checkpoint-10")), signal.SIGINT)
-    assert stopped.returncode == 130
+    stopped = interrupt_compare(command, lambda: any(out.glob("runs/*/checkpoint-10")), sig)
+    assert stopped.returncode == status, stopped.stderr[-3000:]
     assert re.search(r"compare: Ray's dashboard at http://127\.0\.0\.1:\d+ ", stopped.stdout), stopped.stdout
     lines = [line for line in stopped.stderr.replace("\r", "\n").splitlines() if line.strip()]
     assert lines[-1] == (
-        "difftransformer compare: interrupted; the same command continues it (finished runs are reused, a killed "
+        f"difftransformer compare: {ended}; the same command continues it (finished runs are reused, a killed "
         "one resumes)"
     )
     assert not [line for line in lines if "Traceback" in line]

@@ -11,7 +11,8 @@ Bad input ends a command in one line on stderr with exit status 2: argparse's ow
 :class:`~difftransformer.errors.UsageError` a command raises. Library code names the field or keyword it refuses in
 backticks (``"`num_pairs` must be at least 1; got 0"``); here every backticked name that is a flag of the running
 command becomes that flag (``--num-pairs``). Ctrl-C ends any command in one line with exit status 130 (a command
-module may say how to continue in ``INTERRUPTED_NOTE``).
+module may say how to continue in ``INTERRUPTED_NOTE``); a command that turns SIGTERM into
+:class:`~difftransformer.process_signals.Terminated` (compare, while it holds Ray) ends the same way with 143.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from tqdm.auto import tqdm
 
 from difftransformer.errors import UsageError
 from difftransformer.flags import flag_spellings
+from difftransformer.process_signals import Terminated
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "prepare": (
@@ -95,7 +97,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command ``argv`` names; bad input exits with status 2 and a one-line message (argparse's errors by
-    ``SystemExit(2)``, as argparse does), Ctrl-C with status 130 and a one-line note."""
+    ``SystemExit(2)``, as argparse does), Ctrl-C with status 130 and a one-line note (SIGTERM raised as
+    :class:`~difftransformer.process_signals.Terminated`: 143)."""
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
     if command is not None and command not in COMMANDS:
@@ -111,13 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         message = with_flags(one_line(str(err)), flag_spellings(parser, args))
         print(f"difftransformer {args.command}: error: {message}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         note = getattr(module, "INTERRUPTED_NOTE", "")
+        ended = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
         # tqdm.write: on a line of its own, whatever a progress bar left on the current one.
-        tqdm.write(
-            f"difftransformer {args.command}: interrupted{'; ' + note if note else ''}", file=sys.stderr
-        )
-        return 130
+        tqdm.write(f"difftransformer {args.command}: {ended}{'; ' + note if note else ''}", file=sys.stderr)
+        return 143 if isinstance(interrupt, Terminated) else 130
 
 
 if __name__ == "__main__":

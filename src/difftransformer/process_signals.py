@@ -1,4 +1,5 @@
-"""The process's SIGTERM handler, set for a stretch of work and put back after it."""
+"""The process's SIGTERM handler, set for a stretch of work and put back after it, and the handler that makes
+SIGTERM end a command as Ctrl-C does."""
 
 from __future__ import annotations
 
@@ -9,6 +10,16 @@ from contextlib import contextmanager
 from typing import Any
 
 Handler = Callable[[int, Any], Any] | int | None
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a cluster scheduler's stop) raised as Ctrl-C's KeyboardInterrupt is, so that the same
+    clean-up runs; the ``difftransformer`` command then ends with status 143."""
+
+
+def raise_terminated(signum: int, frame: Any) -> None:
+    """A SIGTERM handler: :class:`Terminated` in the main thread."""
+    raise Terminated()
 
 
 @contextmanager

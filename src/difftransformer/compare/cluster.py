@@ -19,7 +19,7 @@ from pathlib import Path
 
 from difftransformer.compare.resources import RunResources, default_resources
 from difftransformer.errors import UsageError
-from difftransformer.process_signals import sigterm_handler
+from difftransformer.process_signals import raise_terminated, sigterm_handler
 
 # Environment of every worker process: tqdm bars in the runs' logs (run.log, a file) redraw at most twice a minute,
 # and Tune leaves a trial in the worker's own folder rather than its trial folder (every path a run reads or writes
@@ -148,14 +148,17 @@ def connect(address: str | None) -> Iterator[Cluster]:
                 context = ray.init(address=address, **options)
         except (ConnectionError, RuntimeError, ValueError) as error:
             raise UsageError(f"`ray_address` {address}: cannot connect to Ray ({error})") from None
-        try:
-            nodes = tuple(
-                {key: float(value) for key, value in node["Resources"].items()} for node in _alive_nodes()
-            )
-            url = getattr(context, "dashboard_url", None) or None
-            yield Cluster(address=address, nodes=nodes, dashboard_url=f"http://{url}" if url else None)
-        finally:
-            ray.shutdown()
+        # Ray's driver aborts the process on SIGTERM (its C++ failure handler); it ends as Ctrl-C does instead:
+        # the runs stopped, Ray shut down, finished runs kept for the same command to reuse.
+        with sigterm_handler(raise_terminated):
+            try:
+                nodes = tuple(
+                    {key: float(value) for key, value in node["Resources"].items()} for node in _alive_nodes()
+                )
+                url = getattr(context, "dashboard_url", None) or None
+                yield Cluster(address=address, nodes=nodes, dashboard_url=f"http://{url}" if url else None)
+            finally:
+                ray.shutdown()
 
 
 def check_shared(paths: Sequence[Path], cluster: Cluster) -> None:
