@@ -47,7 +47,7 @@ study: $(STAMP)
 # at three widths (8-9x in non-embedding parameters), each trained on 10 tokens per non-embedding parameter, every
 # arm's learning rate swept on the first seed and chosen on validation loss, then 3 seeds at its rate and at the
 # shared one; then DIFF without its per-head norm beside DIFF and the Transformer at the smallest width (its own
-# folder and report). The runs fan out over the machine's cores (compare on Ray); about 2 h 50 min and 170 CPU
+# folder and report). The runs fan out over the machine's cores (compare on Ray); about 2 h 50 min and 175 CPU
 # minutes on 2 CPU cores.
 SCALING_RUNS ?= runs/study-scaling
 SCALING_REPORT ?= docs/results/scaling
