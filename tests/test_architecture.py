@@ -17,6 +17,7 @@ RANKS: dict[str, int] = {
     "storage": 0,
     "stats": 0,
     "flags": 0,
+    "process_signals": 0,
     "plotting": 1,
     "ops": 1,
     "layers": 2,

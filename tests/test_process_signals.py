@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 
+from difftransformer import process_signals
 from difftransformer.process_signals import sigterm_handler
 
 
@@ -59,3 +60,33 @@ def test_off_the_main_thread_the_block_runs_untouched():
         assert seen == [_own]
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_keyboard_interrupt_raised_in_place_of_terminated_still_counts_as_sigterm(monkeypatch):
+    monkeypatch.setattr(process_signals, "_terminated", threading.Event())  # this process's record, fresh
+    assert not process_signals.was_terminated(KeyboardInterrupt())  # Ctrl-C
+    try:
+        process_signals.raise_terminated(signal.SIGTERM, None)
+    except process_signals.Terminated as raised:
+        assert process_signals.was_terminated(raised)
+    # What Ray raises when the handler ran while its driver waited in C++: a plain KeyboardInterrupt.
+    assert process_signals.was_terminated(KeyboardInterrupt())
+
+
+def test_the_command_ends_terminated_with_143_and_interrupted_with_130(monkeypatch, capsys):
+    from difftransformer import cli
+
+    monkeypatch.setattr(process_signals, "_terminated", threading.Event())
+
+    def stopped(*_):
+        raise KeyboardInterrupt()
+
+    monkeypatch.setattr("difftransformer.generate_cli.run", stopped)
+    assert cli.main(["generate", "unused", "--prompt", "a"]) == 130
+    assert capsys.readouterr().err.strip().endswith("difftransformer generate: interrupted")
+    try:
+        process_signals.raise_terminated(signal.SIGTERM, None)
+    except process_signals.Terminated:
+        pass
+    assert cli.main(["generate", "unused", "--prompt", "a"]) == 143
+    assert capsys.readouterr().err.strip().endswith("difftransformer generate: terminated")

@@ -70,8 +70,18 @@ def run_script(tmp_path, output_dir, batch, *flags, processes=1, check=True) -> 
     command = [*launcher, str(script), str(output_dir), str(batch), *flags]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     if check:
-        assert done.returncode == 0, done.stderr[-4000:]
+        assert done.returncode == 0, failure_text(done.stderr)
     return done
+
+
+def failure_text(stderr: str) -> str:
+    """The end of each rank's own lines, then the end of all: the rank that failed first is the cause, and the
+    others' tracebacks (which come last) only say that they lost their peer."""
+    ranks: dict[str, list[str]] = {}
+    for line in stderr.splitlines():
+        if line.startswith("[rank"):
+            ranks.setdefault(line.split("]")[0], []).append(line)
+    return "\n".join(["\n".join(lines)[-2500:] for lines in ranks.values()] + [stderr[-1500:]])
 
 
 def losses(output_dir, name="loss") -> tuple[list[int], list[float]]:

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from difftransformer.errors import UsageError
 from difftransformer.flags import flag_spellings
-from difftransformer.process_signals import Terminated
+from difftransformer.process_signals import was_terminated
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "prepare": (
@@ -116,10 +116,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as interrupt:
         note = getattr(module, "INTERRUPTED_NOTE", "")
-        ended = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
+        terminated = was_terminated(interrupt)
+        ended = "terminated" if terminated else "interrupted"
         # tqdm.write: on a line of its own, whatever a progress bar left on the current one.
         tqdm.write(f"difftransformer {args.command}: {ended}{'; ' + note if note else ''}", file=sys.stderr)
-        return 143 if isinstance(interrupt, Terminated) else 130
+        return 143 if terminated else 130
 
 
 if __name__ == "__main__":

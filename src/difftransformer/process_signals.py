@@ -17,9 +17,20 @@ class Terminated(KeyboardInterrupt):
     clean-up runs; the ``difftransformer`` command then ends with status 143."""
 
 
+_terminated = threading.Event()
+
+
 def raise_terminated(signum: int, frame: Any) -> None:
-    """A SIGTERM handler: :class:`Terminated` in the main thread."""
+    """A SIGTERM handler: :class:`Terminated` in the main thread (and :func:`was_terminated` true from then on)."""
+    _terminated.set()
     raise Terminated()
+
+
+def was_terminated(interrupt: BaseException) -> bool:
+    """Whether ``interrupt``, a KeyboardInterrupt that ended a command, came from SIGTERM: a :class:`Terminated`, or
+    the plain KeyboardInterrupt a library raised in its place after :func:`raise_terminated` ran (Ray replaces the
+    exception of a signal handler that runs while its driver waits in C++ with one of its own)."""
+    return isinstance(interrupt, Terminated) or _terminated.is_set()
 
 
 @contextmanager
