@@ -23,7 +23,6 @@ from difftransformer.train.plan import (
     ddp_memory,
     fsdp_memory,
     make_plan,
-    row_lengths,
     saved_bytes,
 )
 from difftransformer.train.presets import get_preset
@@ -182,14 +181,17 @@ def test_plan_uses_the_preset_batch_and_world_size():
 
 
 def test_a_run_is_cut_into_stretches_of_its_row_lengths():
+    def stretches(preset):
+        return preset.recall.stretches(0, preset.training["max_steps"], preset.block_size)
+
     long = get_preset("retrieval-long")  # 64-token rows until step 4,500 of 5,100, then 256
     assert long.length_schedule == ((0, 64), (4500, 256)) and long.training["max_steps"] == 5100
-    assert row_lengths(long) == ((4500, 64), (600, 256))
+    assert stretches(long) == ((4500, 64), (600, 256))
     # Cut before the later length is reached: one stretch.
-    assert row_lengths(long.with_training(max_steps=3000)) == ((3000, 64),)
-    assert row_lengths(long.with_training(max_steps=4501)) == ((4500, 64), (1, 256))
+    assert stretches(long.with_training(max_steps=3000)) == ((3000, 64),)
+    assert stretches(long.with_training(max_steps=4501)) == ((4500, 64), (1, 256))
     micro = get_preset("micro")
-    assert row_lengths(micro) == ((micro.training["max_steps"], micro.block_size),)
+    assert stretches(micro) == ((micro.training["max_steps"], micro.block_size),)
 
 
 def test_the_memory_table_keeps_each_title_over_its_column(capsys):

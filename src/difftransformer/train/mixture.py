@@ -167,15 +167,20 @@ class RecallMix:
         block size without one."""
         return next((length for start, length in reversed(self.length_schedule) if start <= step), block_size)
 
+    def stretches(self, first: int, last: int, block_size: int) -> tuple[tuple[int, int], ...]:
+        """``(steps, row length)`` of each stretch of global steps ``first`` to ``last`` whose rows have one length:
+        the schedule's stretches cut to that range, or one stretch at the block size without a schedule."""
+        schedule = self.length_schedule or ((0, block_size),)
+        ends = [start for start, _ in schedule[1:]] + [last]
+        spans = [(max(start, first), min(end, last), length) for (start, length), end in zip(schedule, ends)]
+        return tuple((end - start, length) for start, end, length in spans if end > start)
+
     def tokens_between(self, first: int, last: int, block_size: int, step_tokens: int) -> int:
         """Tokens trained on from global step ``first`` to ``last``, where a step of full blocks holds
         ``step_tokens``: with a schedule, each step counts its rows' length."""
-        if not self.length_schedule:
-            return (last - first) * step_tokens
-        ends = [start for start, _ in self.length_schedule[1:]] + [last]
         return sum(
-            max(0, min(end, last) - max(start, first)) * (step_tokens * length // block_size)
-            for (start, length), end in zip(self.length_schedule, ends)
+            steps * (step_tokens * length // block_size)
+            for steps, length in self.stretches(first, last, block_size)
         )
 
 

@@ -323,19 +323,6 @@ def fsdp_memory(
     )
 
 
-def row_lengths(preset: Preset) -> tuple[tuple[int, int], ...]:
-    """``(steps, tokens a row)`` of each stretch of a run of ``preset``: its ``length_schedule`` cut at
-    ``max_steps``, or every step at the block size. The rows a step are the same in every stretch."""
-    steps = preset.training.max_steps
-    schedule = preset.length_schedule or ((0, preset.block_size),)
-    ends = [start for start, _ in schedule[1:]] + [steps]
-    return tuple(
-        (min(end, steps) - start, tokens)
-        for (start, tokens), end in zip(schedule, ends)
-        if min(end, steps) > start
-    )
-
-
 @dataclass(frozen=True)
 class TimedStretch:
     """A stretch of a run: ``steps`` training steps on rows of ``tokens``, each timed at ``seconds``."""
@@ -405,7 +392,9 @@ def make_plan(
                     TimedStretch(
                         steps, tokens, step_seconds(config, batch, tokens, timing.time_steps, timing.threads)
                     )
-                    for steps, tokens in row_lengths(preset)
+                    for steps, tokens in preset.recall.stretches(
+                        0, preset.training.max_steps, preset.block_size
+                    )
                 )
                 if timing.time_steps
                 else (),
