@@ -46,6 +46,20 @@ def test_length_section_tables_the_common_pairs_and_draws_the_curves(tmp_path):
     assert (tmp_path / "mqar_length_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_learned_recall_is_counted_only_when_every_run_had_a_probe(tmp_path):
+    suite = planted_suite({"64": 0.9, "256": 0.8, "1024": 0.5}, 0.2)
+    groups = [("DIFF", [suite, suite, suite]), ("Transformer", [suite, suite, suite])]
+    report = Report("counted")
+    length_section(report, groups, 256, tmp_path, learned=[[True, False, True], [True, True, True]])
+    text = report.markdown()
+    assert "| variant | 64 tokens | 256 tokens | 1024 tokens | learned recall |" in text
+    assert text.count("| 2 of 3 |") == 1 and text.count("| 3 of 3 |") == 1
+    assert "the means include the runs that never did" in text
+    unprobed = Report("unprobed")
+    length_section(unprobed, groups, 256, tmp_path, learned=[[True, None, True], [True, True, True]])
+    assert "learned recall" not in unprobed.markdown() and "| 3 of 3 |" not in unprobed.markdown()
+
+
 def test_no_section_without_a_grid(tmp_path):
     one_length = {"summary": {"mqar": dict(accuracy={"4": 1.0}, answer_share=0.4, context_share=0.2)}}
     report = Report("no grid")

@@ -12,11 +12,13 @@ Rows are *groups*, as in :mod:`difftransformer.compare.suite_report`: a label an
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from difftransformer.compare.document import Report, mean_spread
 from difftransformer.plotting import pyplot, save_figure
 from difftransformer.stats import mean, spread
+from difftransformer.train.recall import RECALL_THRESHOLD
 
 Group = tuple[str, list[dict]]
 
@@ -99,10 +101,12 @@ def length_section(
     trained_length: int | None,
     out: Path,
     schedule: tuple[tuple[int, int], ...] = (),
+    learned: Sequence[Sequence[bool | None]] | None = None,
 ) -> None:
     """Append the section "Recall against context length" (table and ``mqar_length_curves.png`` in ``out``) when
     every run scored mqar on a grid of lengths; nothing otherwise. ``schedule``: the training rows' length by step
-    (a length curriculum), said in the text."""
+    (a length curriculum), said in the text; ``learned``: per group, whether each run's recall probe reached
+    ``RECALL_THRESHOLD`` during training (None: no probe), counted in a column when every run had a probe."""
     if not all(_grid(suite) is not None for _, suites in groups for suite in suites):
         return
     pairs = common_pairs(groups)
@@ -123,11 +127,20 @@ def length_section(
         "at the fewest pairs each length holds). Lines are the mean over seeds, bands ± one sample standard "
         "deviation. The claims table above judges each length."
     )
+    counted = learned is not None and all(run is not None for runs in learned for run in runs)
+    if counted:
+        report.paragraph(
+            f"The last column counts the runs whose recall probe (MQAR at 4 pairs and the block length, at every "
+            f"evaluation) reached {RECALL_THRESHOLD} during training; the means include the runs that never did."
+        )
     rows = []
-    for label, suites in groups:
+    for index, (label, suites) in enumerate(groups):
         grids = [_grid(suite) for suite in suites]
         rows.append([label, *(mean_spread([mean([g["by_length"][n][p] for p in pairs]) for g in grids], 2)
                               for n in lengths)])  # fmt: skip
-    report.table(["variant", *(f"{n} tokens" for n in lengths)], rows)
+        if counted:
+            rows[-1].append(f"{sum(learned[index])} of {len(learned[index])}")
+    header = ["variant", *(f"{n} tokens" for n in lengths)]
+    report.table(header + (["learned recall"] if counted else []), rows)
     plot_length_curves(groups, trained_length, out / "mqar_length_curves.png")
     report.image("mqar_length_curves.png", "MQAR accuracy and attention allocation against sequence length")

@@ -14,6 +14,7 @@ from difftransformer.compare.claims import (
     Judgement,
     judge_claim,
     judge_ratio,
+    learned_recall,
     matching_ratios,
     task_claims,
     training_claims,
@@ -574,15 +575,14 @@ def build_report(
     report.image("loss_curves.png", "training and validation loss (and MQAR accuracy), all runs overlaid")
     lambda_section(report, records, variants, out)
     gap_section(report, records, variants, largest, out)
-    groups = [
-        (
-            variant.label + (f" {scale}" if len(scales) > 1 else ""),
-            [r.suite for r in _runs(records, variant.spec(), scale)],
-        )
+    arms = [
+        (variant.label + (f" {scale}" if len(scales) > 1 else ""), _runs(records, variant.spec(), scale))
         for scale in scales
         for variant in variants
     ]
-    length_section(report, groups, preset.block_size, out, preset.length_schedule)
+    groups = [(name, [r.suite for r in runs]) for name, runs in arms]
+    learned = [[learned_recall(r) for r in runs] for _, runs in arms]
+    length_section(report, groups, preset.block_size, out, preset.length_schedule, learned)
     suite_sections(report, groups, out)
     harness_section(report, records, variants, out)
     if by is not None:
