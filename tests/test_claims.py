@@ -333,10 +333,8 @@ def test_steps_to_recall_claim_on_planted_curves(tmp_path):
     claims_section(report, records, parse_variants("diff,softmax"), "tiny", None)
     row = next(line for line in report.markdown().splitlines() if "training steps until MQAR" in line)
     assert "DIFF 350 ± 71 vs Transformer 400 ± 0" in row
-    assert [learned_recall(run) for run in records] == [True, True, False, False]
-    untrained = record("diff", 2, 4.5, 0.5)
-    untrained.folder = tmp_path / "no-probe"
-    assert learned_recall(untrained) is None
+    assert [learned_recall(run.folder) for run in records] == [True, True, False, False]
+    assert learned_recall(tmp_path / "no-probe") is None
     # Nobody reached 0.9: not measurable, and the row says so.
     for run in records:
         (run.folder / "metrics.csv").unlink()

@@ -76,3 +76,23 @@ def test_a_narrower_rerun_writes_its_report_beside_the_earlier_one(tmp_path):
     (tmp_path / RESULTS_JSON).write_text("{not json")
     unreadable = extend_earlier(tmp_path, provenance(), more, [], parse_variants("diff,softmax"))
     assert unreadable.beside and "cannot be read" in unreadable.beside
+
+
+def test_a_comparison_grown_by_seeds_extends_a_report_written_as_json_and_older_than_a_setting(tmp_path):
+    from difftransformer.compare.settings import ComparisonSettings
+
+    def settings(seeds, **more) -> dict:
+        comparison = ComparisonSettings(variants=parse_variants("diff,softmax"), seeds=seeds, **more)
+        return {"preset": "micro", "training": {"seed": 0}, "data": {}, "comparison": comparison.to_json()}
+
+    written = settings((0,))
+    # The needles default is a tuple of pairs, which results.json reads back as lists; rate_choice came later.
+    assert isinstance(written["comparison"]["needles"], tuple)
+    del written["comparison"]["rate_choice"]
+    first = [record(tmp_path, "diff", 0), record(tmp_path, "softmax", 0)]
+    write_json(tmp_path / RESULTS_JSON, {"provenance": written, "runs": [r.to_json() for r in first]})
+    grown = [record(tmp_path, "diff", 1), record(tmp_path, "softmax", 1)]
+    extended = extend_earlier(tmp_path, settings((1,)), grown, [], parse_variants("diff,softmax"))
+    assert extended.beside is None and len(extended.records) == 4
+    chosen_otherwise = settings((1,), learning_rates=(1e-3,), rate_choice="learned_recall")
+    assert extend_earlier(tmp_path, chosen_otherwise, grown, [], parse_variants("diff,softmax")).beside

@@ -76,6 +76,26 @@ def test_the_best_rate_is_the_lowest_validation_loss_of_the_runs_that_finished()
     assert best_rates(points) == {("s", "diff"): 3e-3, ("s", "softmax"): 1e-3}
 
 
+def test_learned_recall_chooses_among_the_rates_whose_runs_learned_recall(tmp_path):
+    def point(variant, rate, loss, learned):
+        return SweepPoint(variant, "s", rate, 0, 10, 10, loss, False, learned)
+
+    # DIFF's lowest loss is at a rate whose run never learned recall; the Transformer learned at no rate.
+    points = [point("diff", 1e-3, 2.90, False), point("diff", 3e-3, 3.10, True), point("diff", 1e-2, 3.00, True),
+              point("softmax", 1e-3, 2.95, False), point("softmax", 3e-3, 2.80, False)]  # fmt: skip
+    assert best_rates(points) == {("s", "diff"): 1e-3, ("s", "softmax"): 3e-3}
+    assert best_rates(points, "learned_recall") == {("s", "diff"): 1e-2, ("s", "softmax"): 3e-3}
+    report = Report("r")
+    learning_rate_section(report, points, {("s", "diff"): 1e-2, ("s", "softmax"): 3e-3}, 3e-3, tmp_path,
+                          "learned_recall")  # fmt: skip
+    text = report.markdown()
+    assert "| DIFF | 2.900 (no recall) | 3.100 | 3.000 | 0.01 |" in text
+    assert "among those whose recall probe reached 0.9" in text and "'no recall'" in text
+    with pytest.raises(UsageError, match="`rate_choice` applies to `learning_rates`"):
+        plan(tmp_path, "--rate-choice", "learned_recall")
+    assert plan(tmp_path, "--rate-choice", "learned_recall", "--learning-rates", "1e-3").sweep
+
+
 def test_the_learning_rate_section_tables_every_rate_and_marks_the_stopped(tmp_path):
     points = [SweepPoint("diff", "s", 1e-3, 0, 10, 10, 3.0, False), SweepPoint("diff", "s", 1e-2, 0, 10, 3, 4.5, True),
               SweepPoint("softmax", "s", 1e-3, 0, 10, 10, 2.9, False)]  # fmt: skip

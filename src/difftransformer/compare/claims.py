@@ -22,6 +22,8 @@ from difftransformer.train.recall import RECALL_THRESHOLD, steps_to_recall
 from difftransformer.train.runner import METRICS_CSV
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from difftransformer.compare.records import RunRecord
 
 
@@ -81,40 +83,41 @@ LOSS_CLAIM = Claim(
 )  # fmt: skip
 
 
-def _recall_curve(record: RunRecord) -> tuple[list[int], list[float]]:
-    """(steps, accuracies) of the run's MQAR probe; empty for a run trained without recall rows."""
-    path = record.folder / METRICS_CSV
+def _recall_curve(folder: Path) -> tuple[list[int], list[float]]:
+    """(steps, accuracies) of the MQAR probe of the run in ``folder``; empty for a run trained without recall
+    rows."""
+    path = folder / METRICS_CSV
     return column(read_metrics(path), "eval_mqar_accuracy") if path.is_file() else ([], [])
 
 
 def recall_steps(record: RunRecord) -> float | None:
     """Training steps until the run's MQAR probe first reached ``RECALL_THRESHOLD``; a run that never did counts
     as its full length (the claim's name says so); None for a run trained without recall rows."""
-    steps, accuracies = _recall_curve(record)
+    steps, accuracies = _recall_curve(record.folder)
     if not steps:
         return None
     reached = steps_to_recall(steps, accuracies)
     return float(reached if reached is not None else steps[-1])
 
 
-def learned_recall(record: RunRecord) -> bool | None:
-    """Whether the run's MQAR probe ever reached ``RECALL_THRESHOLD``; None for a run trained without recall
-    rows."""
-    steps, accuracies = _recall_curve(record)
+def learned_recall(folder: Path) -> bool | None:
+    """Whether the MQAR probe of the run in ``folder`` ever reached ``RECALL_THRESHOLD``; None for a run trained
+    without recall rows."""
+    steps, accuracies = _recall_curve(folder)
     return steps_to_recall(steps, accuracies) is not None if steps else None
 
 
 RECALL_STEPS_CLAIM = Claim(
     f"training steps until MQAR accuracy {RECALL_THRESHOLD} (4 pairs at the block length; never reached: the "
     "run's length)", paper.RETRIEVAL, False, 0, recall_steps,
-    at_chance=lambda record: not learned_recall(record),
+    at_chance=lambda record: not learned_recall(record.folder),
     chance=f"no run reached {RECALL_THRESHOLD}",
 )  # fmt: skip
 
 
 def training_claims(records: Sequence[RunRecord]) -> list[Claim]:
     """The claims read off training: test loss, and the steps to recall where every run trained with MQAR rows."""
-    recall = all(_recall_curve(record)[0] for record in records)
+    recall = all(_recall_curve(record.folder)[0] for record in records)
     return [LOSS_CLAIM, RECALL_STEPS_CLAIM] if recall else [LOSS_CLAIM]
 
 

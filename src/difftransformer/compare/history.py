@@ -9,12 +9,15 @@ would hold less than the earlier one (fewer runs, fewer evaluation tasks) writes
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from difftransformer.compare.records import EVALUATION_JSON, RESULTS_JSON, RunRecord, SweepPoint
+from difftransformer.compare.settings import ComparisonSettings
 from difftransformer.compare.variants import Variant, parse_variant
 from difftransformer.errors import UsageError
 from difftransformer.storage import read_json
@@ -48,11 +51,21 @@ class Extended:
 
 
 def _same_comparison(earlier: dict, now: dict) -> bool:
-    """Whether two results.json provenances are one comparison (:data:`_GRID_SETTINGS` aside)."""
+    """Whether two results.json provenances are one comparison (:data:`_GRID_SETTINGS` aside). Both are compared
+    as JSON holds them (tuples read back as lists), and a setting an older results.json lacks counts as its
+    default."""
+    earlier, now = json.loads(json.dumps(earlier)), json.loads(json.dumps(now))
     if any(earlier.get(key) != now.get(key) for key in ("preset", "training", "data")):
         return False
+    fields = dataclasses.fields(ComparisonSettings)
+    defaults = json.loads(json.dumps(
+        {f.name: f.default for f in fields if f.name not in _GRID_SETTINGS and f.default is not dataclasses.MISSING}
+    ))  # fmt: skip
     first, second = earlier.get("comparison", {}), now.get("comparison", {})
-    return all(first.get(key) == second.get(key) for key in (set(first) | set(second)) - _GRID_SETTINGS)
+    return all(
+        first.get(key, defaults.get(key)) == second.get(key, defaults.get(key))
+        for key in (set(first) | set(second)) - _GRID_SETTINGS
+    )
 
 
 def _tasks(records: Sequence[RunRecord]) -> set[str]:

@@ -9,8 +9,10 @@ from pathlib import Path
 
 from difftransformer.compare.document import Report
 from difftransformer.compare.records import RunRecord, SweepPoint
+from difftransformer.compare.settings import RateChoice
 from difftransformer.compare.variants import parse_variant
 from difftransformer.plotting import pyplot, save_figure
+from difftransformer.train.recall import RECALL_THRESHOLD
 
 RATES_PNG = "learning_rates.png"
 
@@ -28,9 +30,12 @@ def learning_rate_section(
     best: Mapping[tuple[str, str], float],
     shared_rate: float,
     out: Path,
+    rate_choice: RateChoice = "validation_loss",
 ) -> None:
     """Each arm's validation loss against the learning rate (one line per arm, its chosen rate circled), and a
-    table of the sweep: the loss at every rate, where early stopping ended a run, the rate chosen."""
+    table of the sweep: the loss at every rate, where early stopping ended a run, which runs never learned recall
+    (where they trained with recall rows), the rate chosen (by ``rate_choice``, as in
+    :func:`~difftransformer.compare.runs.best_rates`)."""
     arms = list(dict.fromkeys((p.scale, p.variant) for p in points))
     scales = {scale for scale, _ in arms}
     plt = pyplot()
@@ -62,8 +67,19 @@ def learning_rate_section(
     report.paragraph(
         f"Every arm (a variant{' at one size' if len(scales) > 1 else ''}) trained at each rate with seed "
         f"{points[0].seed} for {', '.join(f'{s:,}' for s in steps)} steps"
-        + "; the rate with the lowest validation loss (never the test loss) is the arm's own, and every seed then "
-        f"trained at it and at the shared rate {shared_rate:g}. "
+        + "; the rate with the lowest validation loss "
+        + (
+            f"among those whose recall probe reached {RECALL_THRESHOLD} (every rate where none did; the "
+            "validation text does not measure recall)"
+            if rate_choice == "learned_recall"
+            else "(never the test loss)"
+        )
+        + f" is the arm's own, and every seed then trained at it and at the shared rate {shared_rate:g}. "
+        + (
+            f"'no recall': the run's recall probe never reached {RECALL_THRESHOLD}. "
+            if any(p.learned_recall is False for p in points)
+            else ""
+        )
         + (
             f"Early stopping (ASHA within each arm) ended {len(stopped)} sweep run(s) before their last step "
             "(marked x; their loss is where they stopped, and they are not candidates)."
@@ -83,7 +99,9 @@ def learning_rate_section(
             elif point.stopped_early:
                 cells.append(f"{point.validation_loss:.3f} (stopped at step {point.step:,})")
             else:
-                cells.append(f"{point.validation_loss:.3f}")
+                cells.append(
+                    f"{point.validation_loss:.3f}" + (" (no recall)" if point.learned_recall is False else "")
+                )
         name = parse_variant(arm[1]).label + (f" {arm[0]}" if len(scales) > 1 else "")
         rows.append([name, *cells, f"{best[arm]:g}" if arm in best else "-"])
     report.table(header, rows)

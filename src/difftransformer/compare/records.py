@@ -65,7 +65,8 @@ class RunRecord:
 @dataclass(frozen=True)
 class SweepPoint:
     """One run of a learning-rate sweep: its arm (variant spec, scale), rate and seed, the steps it was to train and
-    the step it reached (less when early stopping ended it), and its last validation loss there."""
+    the step it reached (less when early stopping ended it), its last validation loss there, and whether its recall
+    probe reached ``RECALL_THRESHOLD`` (None: trained without recall rows, or recorded before this was kept)."""
 
     variant: str
     scale: str
@@ -75,6 +76,7 @@ class SweepPoint:
     step: int
     validation_loss: float
     stopped_early: bool
+    learned_recall: bool | None = None
 
 
 def provenance_line(records: list[RunRecord]) -> str:

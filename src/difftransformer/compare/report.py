@@ -568,7 +568,7 @@ def build_report(
         f"loss is over {min(comparison.test_blocks, data.test_blocks.shape[0])} held-out blocks."
     )
     if sweep:
-        learning_rate_section(report, sweep, best, shared_rate, out)
+        learning_rate_section(report, sweep, best, shared_rate, out, comparison.rate_choice)
         report.paragraph("The sections below read every arm's runs at its own best learning rate.")
     report.paragraph(" ".join(verdict_sentences(records, variants, largest)))
     plot_curves(records, out / "loss_curves.png")
@@ -581,7 +581,7 @@ def build_report(
         for variant in variants
     ]
     groups = [(name, [r.suite for r in runs]) for name, runs in arms]
-    learned = [[learned_recall(r) for r in runs] for _, runs in arms]
+    learned = [[learned_recall(r.folder) for r in runs] for _, runs in arms]
     length_section(report, groups, preset.block_size, out, preset.length_schedule, learned)
     suite_sections(report, groups, out)
     harness_section(report, records, variants, out)

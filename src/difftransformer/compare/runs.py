@@ -30,13 +30,14 @@ from typing import Any
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
+from difftransformer.compare.claims import learned_recall
 from difftransformer.compare.cluster import Cluster, check_shared, connect
 from difftransformer.compare.fanout import run_grid, usage_seconds
 from difftransformer.compare.grid import Grid
 from difftransformer.compare.history import extend_earlier
 from difftransformer.compare.records import EVALUATION_JSON, RESULTS_JSON, RunRecord, SweepPoint
 from difftransformer.compare.report import build_report
-from difftransformer.compare.settings import ComparisonSettings
+from difftransformer.compare.settings import ComparisonSettings, RateChoice
 from difftransformer.compare.variants import Variant
 from difftransformer.convert.upcycle import initial_model
 from difftransformer.data import DataOptions
@@ -405,17 +406,23 @@ def sweep_point(run: PlannedRun) -> SweepPoint:
         step=step,
         validation_loss=loss,
         stopped_early=stopped,
+        learned_recall=learned_recall(run.folder),
     )
 
 
-def best_rates(points: Sequence[SweepPoint]) -> dict[tuple[str, str], float]:
+def best_rates(
+    points: Sequence[SweepPoint], rate_choice: RateChoice = "validation_loss"
+) -> dict[tuple[str, str], float]:
     """Each arm's rate with the lowest validation loss among its sweep runs that reached their last step (the
-    lower rate on a tie)."""
+    lower rate on a tie); with ``rate_choice="learned_recall"``, among those whose recall probe reached 0.9, where
+    any of the arm's did."""
+    finished = [p for p in points if not p.stopped_early and not math.isnan(p.validation_loss)]
+    learned = {(p.scale, p.variant) for p in finished if p.learned_recall}
     best: dict[tuple[str, str], tuple[float, float]] = {}
-    for point in points:
-        if point.stopped_early or math.isnan(point.validation_loss):
-            continue
+    for point in finished:
         key = (point.scale, point.variant)
+        if rate_choice == "learned_recall" and key in learned and not point.learned_recall:
+            continue
         candidate = (point.validation_loss, point.learning_rate)
         best[key] = min(best.get(key, candidate), candidate)
     return {arm: rate for arm, (_, rate) in best.items()}
@@ -491,7 +498,7 @@ def run_comparison(
     if plan.sweep:
         fan_out(plan.sweep, "sweep")
         points = [sweep_point(run) for run in plan.sweep]
-        best = best_rates(points)
+        best = best_rates(points, comparison.rate_choice)
     final = plan.final(best)
     fan_out(final, "compare")
     records = [RunRecord.from_json(read_json(run.folder / EVALUATION_JSON)) for run in final]
@@ -506,7 +513,7 @@ def run_comparison(
     }
     extended = extend_earlier(out, provenance, records, points, comparison.variants)
     records, points = extended.records, extended.points
-    best = best_rates(points) if points else None
+    best = best_rates(points, comparison.rate_choice) if points else None
     provenance["comparison"]["variants"] = [variant.spec() for variant in extended.variants]
     provenance["runs"] = {str(r.folder): "reused" if r.reused else "trained" for r in records}
     # Every attempt at every run this report holds, this invocation's and earlier ones'.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from difftransformer.compare.cluster import check_address
 from difftransformer.compare.resources import RunResources, parse_run_resources
@@ -16,6 +17,8 @@ from difftransformer.eval.needle import parse_needle_configs
 from difftransformer.eval.registry import TASKS, parse_tasks
 
 DEFAULT_NEEDLES: tuple[tuple[int, int], ...] = ((1, 1), (2, 2), (4, 2))
+RateChoice = Literal["validation_loss", "learned_recall"]
+RATE_CHOICES: tuple[str, ...] = get_args(RateChoice)
 
 
 def _option(default, help: str, **metadata):
@@ -159,6 +162,12 @@ class ComparisonSettings:
         "stop sweep runs whose validation loss falls behind the other rates of their variant (ASHA, per variant "
         "and size; the choice then depends on the order runs report in, so off by default)",
     )
+    rate_choice: RateChoice = _option(
+        "validation_loss",
+        "how the sweep chooses each variant's rate: validation_loss, the lowest validation loss; learned_recall, "
+        "the lowest validation loss among the rates whose recall probe reached 0.9 during training (all rates "
+        "where none did), for presets that train on recall rows, whose validation text does not measure recall",
+    )
     ray_address: str | None = _option(
         None,
         "the Ray cluster to run on, HOST:PORT of its head (as `ray start --head` prints it) or auto (default: "
@@ -204,9 +213,17 @@ class ComparisonSettings:
                 raise UsageError(
                     f"`learning_rates` must be distinct rates in (0, 1); got {', '.join(map(str, rates))}"
                 )
+        if self.rate_choice not in RATE_CHOICES:
+            raise UsageError(
+                f"`rate_choice` must be one of {', '.join(RATE_CHOICES)}; got {self.rate_choice!r}"
+            )
         for name in ("sweep_steps", "sweep_early_stop"):
             if getattr(self, name) and self.learning_rates is None:
                 raise UsageError(f"`{name}` applies to `learning_rates`; give them, or leave `{name}` out")
+        if self.rate_choice != "validation_loss" and self.learning_rates is None:
+            raise UsageError(
+                "`rate_choice` applies to `learning_rates`; give them, or leave `rate_choice` out"
+            )
         if self.sweep_steps is not None and self.sweep_steps < 1:
             raise UsageError(f"`sweep_steps` must be >= 1; got {self.sweep_steps}")
         if self.ray_address is not None:
