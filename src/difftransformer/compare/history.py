@@ -10,7 +10,6 @@ would hold less than the earlier one (fewer runs, fewer evaluation tasks) writes
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -20,7 +19,7 @@ from difftransformer.compare.records import EVALUATION_JSON, RESULTS_JSON, RunRe
 from difftransformer.compare.settings import ComparisonSettings
 from difftransformer.compare.variants import Variant, parse_variant
 from difftransformer.errors import UsageError
-from difftransformer.storage import read_json
+from difftransformer.storage import jsonable, read_json
 
 # Comparison settings that choose which runs a comparison holds, or where and how they run: two comparisons that
 # differ only in these are one comparison grown (or rerun elsewhere).
@@ -51,16 +50,20 @@ class Extended:
 
 
 def _same_comparison(earlier: dict, now: dict) -> bool:
-    """Whether two results.json provenances are one comparison (:data:`_GRID_SETTINGS` aside). Both are compared
-    as JSON holds them (tuples read back as lists), and a setting an older results.json lacks counts as its
-    default."""
-    earlier, now = json.loads(json.dumps(earlier)), json.loads(json.dumps(now))
+    """Whether ``earlier`` (read from a results.json) and ``now`` (this invocation's provenance) are one comparison
+    (:data:`_GRID_SETTINGS` aside). ``now`` is compared as results.json will hold it (:func:`jsonable`, as
+    write_json writes it: tuples as lists), and a setting an older results.json lacks counts as its default."""
+    now = jsonable(now)
     if any(earlier.get(key) != now.get(key) for key in ("preset", "training", "data")):
         return False
     fields = dataclasses.fields(ComparisonSettings)
-    defaults = json.loads(json.dumps(
-        {f.name: f.default for f in fields if f.name not in _GRID_SETTINGS and f.default is not dataclasses.MISSING}
-    ))  # fmt: skip
+    defaults = jsonable(
+        {
+            f.name: f.default
+            for f in fields
+            if f.name not in _GRID_SETTINGS and f.default is not dataclasses.MISSING
+        }
+    )
     first, second = earlier.get("comparison", {}), now.get("comparison", {})
     return all(
         first.get(key, defaults.get(key)) == second.get(key, defaults.get(key))
