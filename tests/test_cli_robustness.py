@@ -395,7 +395,9 @@ def test_compare_refuses_runs_that_record_no_settings(models, workdir, capsys):
 @pytest.mark.parametrize(("flags", "says"), [(["--seeds", "0,0"], "--seeds must be distinct"),
                                              (["--seeds", "0", "--seeds", "0"], "--seeds must be distinct"),
                                              (["--variants", "diff,diff"], "distinct variants"),
-                                             (["--variants", "diff(subln=bogus)"], "subln")])  # fmt: skip
+                                             (["--variants", "diff(subln=bogus)"], "subln"),
+                                             (["--rate-choice", "learned_recall"],
+                                              "--rate-choice applies to --learning-rates")])  # fmt: skip
 def test_compare_refuses_repeated_seeds_and_bad_variants_before_writing_anything(
     flags, says, models, workdir, capsys
 ):
