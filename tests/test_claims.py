@@ -9,21 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from difftransformer.compare.claims import (
+from difftransformer.compare.records import RunRecord, learned_recall
+from difftransformer.compare.report import claims_section, verdict_sentences
+from difftransformer.compare.report.arms import group
+from difftransformer.compare.report.claims import (
     LOSS_CLAIM,
     RECALL_STEPS_CLAIM,
     Judgement,
     judge_claim,
-    learned_recall,
     matching_ratios,
     values_with_interval,
 )
-from difftransformer.compare.document import Report
-from difftransformer.compare.gap import gap_curves
-from difftransformer.compare.records import RunRecord
-from difftransformer.compare.report import claims_section, verdict_sentences
-from difftransformer.compare.variants import parse_variant, parse_variants
-from difftransformer.compare.verdict import (
+from difftransformer.compare.report.document import Report
+from difftransformer.compare.report.gap import gap_curves
+from difftransformer.compare.report.verdict import (
     AGREES,
     AT_CHANCE,
     NOT_RESOLVED,
@@ -34,6 +33,7 @@ from difftransformer.compare.verdict import (
     WITHIN_NOISE,
     judge,
 )
+from difftransformer.compare.variants import parse_variant, parse_variants
 from difftransformer.models import DiffTransformerConfig
 from difftransformer.stats import wilson_interval
 from difftransformer.train.presets import get_preset
@@ -194,7 +194,7 @@ def planted_records() -> list[RunRecord]:
 
 def test_claims_table_without_sizes_has_a_row_per_claim_with_verdicts():
     report = Report("claims")
-    claims_section(report, planted_records(), parse_variants("diff,softmax"), "tiny", None)
+    claims_section(report, group(planted_records(), parse_variants("diff,softmax")), "tiny", None)
     text = report.markdown()
     assert "Verdict rule:" in text and "2 seed(s) [0, 1]" in text
     assert "| claim | the paper | ours: DIFF vs Transformer | verdict |" in text
@@ -224,10 +224,10 @@ def test_loss_row_says_when_parameters_differ():
     for run in records[:2]:
         run.parameters = 1500
     report = Report("upcycled")
-    claims_section(report, records, parse_variants("diff,softmax"), "tiny", None)
+    claims_section(report, group(records, parse_variants("diff,softmax")), "tiny", None)
     row = next(line for line in report.markdown().splitlines() if line.startswith("| language-modelling"))
     assert "equal tokens; parameters differ (above)" in row and "equal parameters" not in row
-    sentences = verdict_sentences(records, parse_variants("diff,softmax"), "tiny")
+    sentences = verdict_sentences(group(records, parse_variants("diff,softmax")), "tiny")
     assert sentences[0].startswith("Language-modelling loss at equal tokens; parameters differ")
 
 
@@ -245,7 +245,7 @@ def test_claims_table_with_sizes_adds_the_scaling_row():
     ratios = matching_ratios(records, "diff", "softmax", "parameters")
     assert ratios == pytest.approx([0.6, 0.6], rel=1e-6)
     report = Report("claims")
-    claims_section(report, records, parse_variants("diff,softmax"), "n40000", "parameters")
+    claims_section(report, group(records, parse_variants("diff,softmax")), "n40000", "parameters")
     row = next(line for line in report.markdown().splitlines() if "parameters DIFF needs" in line)
     assert "DIFF 0.60 ± 0.00 of Transformer's" in row and "62.2%" in row and row.endswith("| agrees |")
 
@@ -262,7 +262,7 @@ def test_scaling_counts_the_decoder_layers_parameters_where_records_keep_them():
     assert records[0].size("parameters") == 1e4 and records[0].size("tokens") == 4096
     assert matching_ratios(records, "diff", "softmax", "parameters") == pytest.approx([0.6], rel=1e-6)
     report = Report("claims")
-    claims_section(report, records, parse_variants("diff,softmax"), "n40000", "parameters")
+    claims_section(report, group(records, parse_variants("diff,softmax")), "n40000", "parameters")
     assert "| parameters in the decoder layers DIFF needs for the baseline's loss" in report.markdown()
     for made in records:  # a record written before they were kept: all its parameters
         made.layer_parameters = None
@@ -272,13 +272,13 @@ def test_scaling_counts_the_decoder_layers_parameters_where_records_keep_them():
 
 def test_claims_need_the_baseline_and_at_chance_is_said():
     report = Report("claims")
-    claims_section(report, planted_records(), parse_variants("diff,diff_v2"), "tiny", None)
+    claims_section(report, group(planted_records(), parse_variants("diff,diff_v2")), "tiny", None)
     assert "No claim is judged" in report.markdown()
     records = [
         record("diff", 0, 4.4, 0.02), record("diff", 1, 4.41, 0.03),
         record("softmax", 0, 4.6, 0.02), record("softmax", 1, 4.6, 0.04),
     ]  # fmt: skip
-    sentences = verdict_sentences(records, parse_variants("diff,softmax"), "tiny")
+    sentences = verdict_sentences(group(records, parse_variants("diff,softmax")), "tiny")
     needle = next(s for s in sentences if s.startswith("Retrieval accuracy N:R=1:1"))
     assert needle.endswith(
         "not measurable here (both at chance: accuracy 0, counted up to 0.05: a magic number is not guessed)."
@@ -286,7 +286,7 @@ def test_claims_need_the_baseline_and_at_chance_is_said():
     mqar = next(s for s in sentences if s.startswith("MQAR accuracy"))
     assert "not measurable here" in mqar
     table = Report("at chance")
-    claims_section(table, records, parse_variants("diff,softmax"), "tiny", None)
+    claims_section(table, group(records, parse_variants("diff,softmax")), "tiny", None)
     row = next(line for line in table.markdown().splitlines() if "retrieval accuracy N:R=1:1" in line)
     assert "N:R=1:1 (chance: accuracy 0, counted up to 0.05" in row and row.endswith(
         "| not measurable here |"
@@ -295,7 +295,7 @@ def test_claims_need_the_baseline_and_at_chance_is_said():
     assert "chance" not in loss_row
     loss = judge_claim(LOSS_CLAIM, records[:2], records[2:])
     assert loss.verdict.word == AGREES and loss.values == [4.4, 4.41]
-    one_seed = verdict_sentences([records[0], records[2]], parse_variants("diff,softmax"), "tiny")
+    one_seed = verdict_sentences(group([records[0], records[2]], parse_variants("diff,softmax")), "tiny")
     assert one_seed[0].endswith("one seed: spread unknown.")
 
 
@@ -330,7 +330,7 @@ def test_steps_to_recall_claim_on_planted_curves(tmp_path):
     assert judgement.values == [300.0, 400.0] and judgement.baseline == [400.0, 400.0]
     assert judgement.verdict.word == NOT_RESOLVED  # 350 vs 400 within twice the pooled spread (about 50)
     report = Report("recall")
-    claims_section(report, records, parse_variants("diff,softmax"), "tiny", None)
+    claims_section(report, group(records, parse_variants("diff,softmax")), "tiny", None)
     row = next(line for line in report.markdown().splitlines() if "training steps until MQAR" in line)
     assert "DIFF 350 ± 71 vs Transformer 400 ± 0" in row
     assert [learned_recall(run.folder) for run in records] == [True, True, False, False]
@@ -364,11 +364,11 @@ def test_the_committed_results_still_judge_every_claim(study):
     """Every committed results.json is judged by today's report: those recorded before sampling intervals as before
     (no interval, never 'within sampling noise'), the later ones with their intervals."""
     text = (RESULTS / study / "results.json").read_text()
-    records = [RunRecord(**{**run, "folder": Path(run["folder"])}) for run in json.loads(text)["runs"]]
+    records = [RunRecord.from_json(run, RESULTS / study) for run in json.loads(text)["runs"]]
     variants = parse_variants(",".join(dict.fromkeys(record.variant for record in records)))
     report = Report(study)
-    claims_section(report, records, variants, records[0].scale, None)
-    sentences = verdict_sentences(records, variants, records[0].scale)
+    claims_section(report, group(records, variants), records[0].scale, None)
+    sentences = verdict_sentences(group(records, variants), records[0].scale)
     assert len(sentences) > 5, sentences
     if '"intervals"' in text:
         assert any("[" in s for s in sentences), sentences[:3]

@@ -29,7 +29,7 @@ from transformers import AutoTokenizer
 
 from difftransformer import cli
 from difftransformer.compare import cli as compare_cli
-from difftransformer.compare.runs import plan_comparison
+from difftransformer.compare.plan import plan_comparison
 from difftransformer.convert import cli as convert_cli
 from difftransformer.convert.upcycle import initial_model, load_softmax
 from difftransformer.data.tokenizer import TOKENIZER_FILES

@@ -11,10 +11,10 @@ import pytest
 
 from difftransformer.cli import main
 from difftransformer.compare import cli as compare_cli
-from difftransformer.compare.document import Report
-from difftransformer.compare.runs import run_comparison
-from difftransformer.compare.scaling import fit_power_law, matching_ratio
-from difftransformer.compare.suite_report import suite_sections, task_table
+from difftransformer.compare.comparison import run_comparison
+from difftransformer.compare.report.document import Report
+from difftransformer.compare.report.scaling import fit_power_law, matching_ratio
+from difftransformer.compare.report.suite import suite_sections, task_table
 from difftransformer.eval import suite
 from difftransformer.eval.registry import TASKS, get_task, parse_tasks
 from difftransformer.models import DiffTransformerForCausalLM

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from difftransformer.compare.document import Report
 from difftransformer.compare.report import harness_section
+from difftransformer.compare.report.arms import group
+from difftransformer.compare.report.document import Report
 from difftransformer.compare.variants import parse_variants
 from test_claims import record
 from test_compare import PNG, compare, compare_args, micro_data
@@ -37,14 +38,14 @@ def test_harness_section_tabulates_each_metric_without_stderr(tmp_path):
         with_harness(record("softmax", 1, 4.6, 0.5), 0.25),
     ]
     report = Report("harness")
-    harness_section(report, records, parse_variants("diff,softmax"), tmp_path)
+    harness_section(report, group(records, parse_variants("diff,softmax")), tmp_path)
     text = report.markdown()
     assert "| variant | dt_choice acc | dt_choice acc_norm |" in text
     assert "| DIFF | 0.600 ± 0.141 | 0.300 ± 0.071 |" in text and "| Transformer | 0.250 ± 0.000 |" in text
     assert "stderr" not in text.split("| variant |")[1] and "HellaSwag 66.2 vs 63.4" in text
     assert (tmp_path / "lm_eval.png").read_bytes()[:8] == PNG
     empty = Report("none")
-    harness_section(empty, [record("diff", 0, 4.4, 0.5)], parse_variants("diff"), tmp_path)
+    harness_section(empty, group([record("diff", 0, 4.4, 0.5)], parse_variants("diff")), tmp_path)
     assert empty.markdown() == "# none\n"
 
 

@@ -16,7 +16,7 @@ def record(root: Path, spec: str, seed: int, tasks=("outliers", "quant")) -> Run
     folder.mkdir(parents=True, exist_ok=True)
     suite = {part: {task: {"x": seed} for task in tasks} for part in ("options", "seconds", "summary")}
     made = RunRecord(spec, seed, "micro", folder, 10, 10, 1.0, 1.0, 2.0 + seed, 3.0, suite)
-    write_json(folder / EVALUATION_JSON, made.to_json())
+    write_json(folder / EVALUATION_JSON, made.to_json(folder))
     return made
 
 
@@ -36,7 +36,7 @@ def provenance(**comparison) -> dict:
 
 
 def earlier(root: Path, records, points=(), **comparison) -> None:
-    results = {"provenance": provenance(**comparison), "runs": [r.to_json() for r in records]}
+    results = {"provenance": provenance(**comparison), "runs": [r.to_json(root) for r in records]}
     if points:
         results["learning_rates"] = {"sweep": [point.__dict__ for point in points]}
     write_json(root / RESULTS_JSON, results)
@@ -90,7 +90,7 @@ def test_a_comparison_grown_by_seeds_extends_a_report_written_as_json_and_older_
     assert isinstance(written["comparison"]["needles"], tuple)
     del written["comparison"]["rate_choice"]
     first = [record(tmp_path, "diff", 0), record(tmp_path, "softmax", 0)]
-    write_json(tmp_path / RESULTS_JSON, {"provenance": written, "runs": [r.to_json() for r in first]})
+    write_json(tmp_path / RESULTS_JSON, {"provenance": written, "runs": [r.to_json(tmp_path) for r in first]})
     grown = [record(tmp_path, "diff", 1), record(tmp_path, "softmax", 1)]
     extended = extend_earlier(tmp_path, settings((1,)), grown, [], parse_variants("diff,softmax"))
     assert extended.beside is None and len(extended.records) == 4

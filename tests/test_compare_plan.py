@@ -14,13 +14,14 @@ import torch
 from ray.tune.schedulers import TrialScheduler
 
 from difftransformer.compare import cli as compare_cli
-from difftransformer.compare.cluster import check_address, check_fits
-from difftransformer.compare.document import Report
-from difftransformer.compare.rates import RATES_PNG, at_rates, learning_rate_section
+from difftransformer.compare.plan import plan_comparison
+from difftransformer.compare.rates import at_rates, best_rates
+from difftransformer.compare.ray.cluster import check_address, check_fits
+from difftransformer.compare.ray.resources import RunResources, default_resources, parse_run_resources
+from difftransformer.compare.ray.schedulers import PerArmASHA
 from difftransformer.compare.records import RunRecord, SweepPoint
-from difftransformer.compare.resources import RunResources, default_resources, parse_run_resources
-from difftransformer.compare.runs import best_rates, plan_comparison
-from difftransformer.compare.schedulers import PerArmASHA
+from difftransformer.compare.report.document import Report
+from difftransformer.compare.report.learning_rates import RATES_PNG, learning_rate_section
 from difftransformer.data.blocks import BlockFile, _mapped, block_file
 from difftransformer.errors import UsageError
 from difftransformer.train.cli import resolved_preset, training_options

@@ -2,10 +2,10 @@
 with tables, plots and a verdict, and fit scaling laws. The only package that uses both ``train`` and ``eval``;
 ``difftransformer compare`` (``cli``) drives it."""
 
-from difftransformer.compare.document import Report, mean_spread
+from difftransformer.compare.comparison import run_comparison
 from difftransformer.compare.records import RunRecord
-from difftransformer.compare.runs import run_comparison
-from difftransformer.compare.scaling import PowerLaw, fit_power_law, matching_ratio
+from difftransformer.compare.report.document import Report, mean_spread
+from difftransformer.compare.report.scaling import PowerLaw, fit_power_law, matching_ratio
 from difftransformer.compare.settings import ComparisonSettings
 
 __all__ = [

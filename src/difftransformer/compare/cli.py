@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from difftransformer.compare.cluster import connect
-from difftransformer.compare.runs import plan_comparison, run_comparison
+from difftransformer.compare.comparison import carry_out
+from difftransformer.compare.plan import plan_comparison
+from difftransformer.compare.ray.cluster import connect
 from difftransformer.compare.settings import ComparisonSettings
 from difftransformer.convert.folders import model_type
 from difftransformer.eval.harness import check_harness
@@ -71,8 +72,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"compare: Ray's dashboard at {cluster.dashboard_url} (its token: `ray get-auth-token`)")
         if data.data is not None and (note := recall_note(preset)):
             print(note)
-        prepared = prepare_preset_data(preset, data, training["seed"])
-        markdown = run_comparison(prepared, preset, comparison, training, data, cluster)
+        markdown = carry_out(plan, prepare_preset_data(preset, data, training["seed"]), cluster)
     print(f"report: {os.path.abspath(markdown)}")
     print(f"        {os.path.abspath(markdown.with_suffix('.html'))}")
     return 0

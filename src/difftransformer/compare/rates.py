@@ -1,108 +1,61 @@
-"""compare's learning-rate section: each arm's validation loss against the learning rate, the rate it chose, and
-which runs the report reads at which rate."""
+"""Each arm's learning rate: where each sweep run ended (:func:`sweep_point`), the rate every arm chooses from them
+(:func:`best_rates`), and the runs at a chosen rate (:func:`at_rates`). The report's learning-rate section draws
+what these chose (:mod:`difftransformer.compare.report.learning_rates`)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
-from difftransformer.compare.document import Report
-from difftransformer.compare.records import RunRecord, SweepPoint
+from difftransformer.compare.plan import PlannedRun
+from difftransformer.compare.records import RunRecord, SweepPoint, learned_recall
 from difftransformer.compare.settings import RateChoice
-from difftransformer.compare.variants import parse_variant
-from difftransformer.plotting import pyplot, save_figure
-from difftransformer.train.recall import RECALL_THRESHOLD
+from difftransformer.storage import read_json
+from difftransformer.train.callbacks import column, read_metrics
+from difftransformer.train.runner import METRICS_CSV, SUMMARY_JSON
 
-RATES_PNG = "learning_rates.png"
+Arm = tuple[str, str]  # (scale, variant spec)
 
 
-def at_rates(records: Sequence[RunRecord], rates: Mapping[tuple[str, str], float] | float) -> list[RunRecord]:
+def sweep_point(run: PlannedRun) -> SweepPoint:
+    """Where a sweep run ended: its last validation loss and step (from train_summary.json when it finished,
+    else from metrics.csv: early stopping ended it)."""
+    if (run.folder / SUMMARY_JSON).is_file():
+        summary = read_json(run.folder / SUMMARY_JSON)
+        loss, step, stopped = summary["final_eval_loss"], summary["global_step"], False
+    else:
+        steps, losses = column(read_metrics(run.folder / METRICS_CSV), "eval_loss")
+        loss, step, stopped = (losses[-1], steps[-1], True) if losses else (math.nan, 0, True)
+    return SweepPoint(
+        variant=run.variant.spec(),
+        scale=run.scale,
+        learning_rate=run.learning_rate,
+        seed=run.seed,
+        steps=run.max_steps,
+        step=step,
+        validation_loss=math.nan if loss is None else loss,
+        stopped_early=stopped,
+        learned_recall=learned_recall(run.folder),
+    )
+
+
+def best_rates(points: Sequence[SweepPoint], rate_choice: RateChoice = "validation_loss") -> dict[Arm, float]:
+    """Each arm's rate with the lowest validation loss among its sweep runs that reached their last step (the
+    lower rate on a tie); with ``rate_choice="learned_recall"``, among those whose recall probe reached 0.9, where
+    any of the arm's did. An arm none of whose runs finished with a loss has no rate."""
+    finished = [p for p in points if not p.stopped_early and not math.isnan(p.validation_loss)]
+    learned = {p.arm for p in finished if p.learned_recall}
+    best: dict[Arm, tuple[float, float]] = {}
+    for point in finished:
+        if rate_choice == "learned_recall" and point.arm in learned and not point.learned_recall:
+            continue
+        candidate = (point.validation_loss, point.learning_rate)
+        best[point.arm] = min(best.get(point.arm, candidate), candidate)
+    return {arm: rate for arm, (_, rate) in best.items()}
+
+
+def at_rates(records: Sequence[RunRecord], rates: Mapping[Arm, float] | float) -> list[RunRecord]:
     """The runs at one rate shared by every arm (a number), or at each arm's own (by (scale, variant spec))."""
     if isinstance(rates, (int, float)):
         return [r for r in records if r.learning_rate is None or r.learning_rate == rates]
     return [r for r in records if rates.get((r.scale, r.variant)) == r.learning_rate]
-
-
-def learning_rate_section(
-    report: Report,
-    points: Sequence[SweepPoint],
-    best: Mapping[tuple[str, str], float],
-    shared_rate: float,
-    out: Path,
-    rate_choice: RateChoice = "validation_loss",
-) -> None:
-    """Each arm's validation loss against the learning rate (one line per arm, its chosen rate circled), and a
-    table of the sweep: the loss at every rate, where early stopping ended a run, which runs never learned recall
-    (where they trained with recall rows), the rate chosen (by ``rate_choice``, as in
-    :func:`~difftransformer.compare.runs.best_rates`)."""
-    arms = list(dict.fromkeys((p.scale, p.variant) for p in points))
-    scales = {scale for scale, _ in arms}
-    plt = pyplot()
-    figure, axis = plt.subplots(figsize=(7, 4.5))
-    for i, arm in enumerate(arms):
-        mine = sorted((p for p in points if (p.scale, p.variant) == arm), key=lambda p: p.learning_rate)
-        name = parse_variant(arm[1]).label + (f" {arm[0]}" if len(scales) > 1 else "")
-        finished = [p for p in mine if not p.stopped_early and not math.isnan(p.validation_loss)]
-        axis.plot([p.learning_rate for p in finished], [p.validation_loss for p in finished], "o-",
-                  color=f"C{i}", label=name)  # fmt: skip
-        stopped = [p for p in mine if p.stopped_early and not math.isnan(p.validation_loss)]
-        axis.plot(
-            [p.learning_rate for p in stopped], [p.validation_loss for p in stopped], "x", color=f"C{i}"
-        )
-        if arm in best:
-            chosen = next(p for p in finished if p.learning_rate == best[arm])
-            axis.plot([chosen.learning_rate], [chosen.validation_loss], "o", ms=12, mfc="none", color=f"C{i}")
-    axis.axvline(shared_rate, color="gray", lw=1, ls="--")
-    axis.set(xscale="log", xlabel="learning rate", ylabel="validation loss",
-             title="validation loss against learning rate (circled: each arm's choice; dashed: the shared rate)")  # fmt: skip
-    axis.grid(alpha=0.3, which="both")
-    axis.legend(fontsize=8)
-    save_figure(figure, out / RATES_PNG)
-
-    rates = sorted({p.learning_rate for p in points})
-    steps = sorted({p.steps for p in points})
-    stopped = [p for p in points if p.stopped_early]
-    report.heading("Learning rates")
-    report.paragraph(
-        f"Every arm (a variant{' at one size' if len(scales) > 1 else ''}) trained at each rate with seed "
-        f"{points[0].seed} for {', '.join(f'{s:,}' for s in steps)} steps"
-        + "; the rate with the lowest validation loss "
-        + (
-            f"among those whose recall probe reached {RECALL_THRESHOLD} (every rate where none did; the "
-            "validation text does not measure recall)"
-            if rate_choice == "learned_recall"
-            else "(never the test loss)"
-        )
-        + f" is the arm's own, and every seed then trained at it and at the shared rate {shared_rate:g}. "
-        + (
-            f"'no recall': the run's recall probe never reached {RECALL_THRESHOLD}. "
-            if any(p.learned_recall is False for p in points)
-            else ""
-        )
-        + (
-            f"Early stopping (ASHA within each arm) ended {len(stopped)} sweep run(s) before their last step "
-            "(marked x; their loss is where they stopped, and they are not candidates)."
-            if stopped
-            else "No sweep run was stopped early."
-        )
-    )
-    header = ["arm", *(f"lr {rate:g}" for rate in rates), "chosen"]
-    rows = []
-    for arm in arms:
-        mine = {p.learning_rate: p for p in points if (p.scale, p.variant) == arm}
-        cells = []
-        for rate in rates:
-            point = mine.get(rate)
-            if point is None:
-                cells.append("-")
-            elif point.stopped_early:
-                cells.append(f"{point.validation_loss:.3f} (stopped at step {point.step:,})")
-            else:
-                cells.append(
-                    f"{point.validation_loss:.3f}" + (" (no recall)" if point.learned_recall is False else "")
-                )
-        name = parse_variant(arm[1]).label + (f" {arm[0]}" if len(scales) > 1 else "")
-        rows.append([name, *cells, f"{best[arm]:g}" if arm in best else "-"])
-    report.table(header, rows)
-    report.image(RATES_PNG, "validation loss against learning rate, each arm")

@@ -9,8 +9,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from difftransformer.compare.cluster import check_address
-from difftransformer.compare.resources import RunResources, parse_run_resources
+from difftransformer.compare.ray.cluster import check_address
+from difftransformer.compare.ray.resources import RunResources, parse_run_resources
 from difftransformer.compare.variants import Variant, parse_variants
 from difftransformer.errors import UsageError, check_seed
 from difftransformer.eval.needle import parse_needle_configs
@@ -50,14 +50,17 @@ class ComparisonSettings:
             below), batch size.
         learning_rates: rates every variant (at every scale) is swept over on the first seed, the best on
             validation loss then trained with every seed (None: every run at the preset's rate).
-        sweep_steps: training steps of each sweep run (None: the full budget, so that the sweep's runs are the
-            first seed's runs).
+        sweep_steps: training steps of each sweep run (None, or the full budget: the sweep's runs are the first
+            seed's runs; never more than the full budget).
         sweep_early_stop: stop a sweep run whose validation loss falls behind the other rates of its variant
             (ASHA, per variant and scale).
+        rate_choice: how the sweep chooses each arm's rate (:func:`~difftransformer.compare.rates.best_rates`;
+            "validation_loss" where ``learning_rates`` are given and it is not, None without a sweep).
         ray_address: the Ray cluster to run on (None: ``RAY_ADDRESS``, else a Ray started on this machine).
         run_resources: one run's CPUs, GPUs and workers (None: fitted to the cluster, see
-            :func:`~difftransformer.compare.resources.default_resources`).
+            :func:`~difftransformer.compare.ray.resources.default_resources`).
         run_retries: how often a run whose worker died is started again from its last checkpoint.
+        allow_unjudged: train variants whose report can judge no claim (no matched baseline, or nothing beside it).
     """
 
     _argument_group_name = "comparison"
@@ -162,11 +165,13 @@ class ComparisonSettings:
         "stop sweep runs whose validation loss falls behind the other rates of their variant (ASHA, per variant "
         "and size; the choice then depends on the order runs report in, so off by default)",
     )
-    rate_choice: RateChoice = _option(
-        "validation_loss",
-        "how the sweep chooses each variant's rate: validation_loss, the lowest validation loss; learned_recall, "
-        "the lowest validation loss among the rates whose recall probe reached 0.9 during training (all rates "
-        "where none did), for presets that train on recall rows, whose validation text does not measure recall",
+    rate_choice: RateChoice | None = _option(
+        None,
+        "how the sweep chooses each variant's rate: validation_loss (the default with --learning-rates), the lowest "
+        "validation loss; learned_recall, the lowest validation loss among the rates whose recall probe reached "
+        "0.9 during training (all rates where none did), for presets that train on recall rows, whose validation "
+        "text does not measure recall",
+        metavar="{validation_loss,learned_recall}",
     )
     ray_address: str | None = _option(
         None,
@@ -184,6 +189,11 @@ class ComparisonSettings:
     )
     run_retries: int = _option(
         3, "how often a run whose worker process died is started again, from its last checkpoint"
+    )
+    allow_unjudged: bool = _option(
+        False,
+        "train and report variants although no claim of the paper can be judged (no softmax baseline among them "
+        "and the folder's earlier report, or nothing beside it): the report then tables the runs alone",
     )
 
     def __post_init__(self) -> None:
@@ -213,17 +223,15 @@ class ComparisonSettings:
                 raise UsageError(
                     f"`learning_rates` must be distinct rates in (0, 1); got {', '.join(map(str, rates))}"
                 )
-        if self.rate_choice not in RATE_CHOICES:
+        if self.rate_choice is not None and self.rate_choice not in RATE_CHOICES:
             raise UsageError(
                 f"`rate_choice` must be one of {', '.join(RATE_CHOICES)}; got {self.rate_choice!r}"
             )
-        for name in ("sweep_steps", "sweep_early_stop"):
-            if getattr(self, name) and self.learning_rates is None:
+        for name in ("sweep_steps", "sweep_early_stop", "rate_choice"):
+            if getattr(self, name) not in (None, False) and self.learning_rates is None:
                 raise UsageError(f"`{name}` applies to `learning_rates`; give them, or leave `{name}` out")
-        if self.rate_choice != "validation_loss" and self.learning_rates is None:
-            raise UsageError(
-                "`rate_choice` applies to `learning_rates`; give them, or leave `rate_choice` out"
-            )
+        if self.learning_rates is not None and self.rate_choice is None:
+            object.__setattr__(self, "rate_choice", "validation_loss")
         if self.sweep_steps is not None and self.sweep_steps < 1:
             raise UsageError(f"`sweep_steps` must be >= 1; got {self.sweep_steps}")
         if self.ray_address is not None:

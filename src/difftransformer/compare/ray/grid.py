@@ -1,4 +1,5 @@
-"""A grid of runs as the scheduler sees it: each run's name, folder, arm and length, and what a worker does with it."""
+"""A grid of runs as the scheduler sees it: each run's name, folder, log, arm and length, and what a worker does with
+it."""
 
 from __future__ import annotations
 
@@ -9,17 +10,21 @@ from typing import Any, Protocol
 
 from transformers import TrainerCallback
 
-from difftransformer.compare.resources import RunResources
+from difftransformer.compare.ray.resources import RunResources
 
 
 class GridRun(Protocol):
-    """What the scheduler needs of a run: a name, its folder, the arm whose runs early stopping compares, and its
-    training steps (for the progress estimate)."""
+    """What the scheduler needs of a run: a name, its folder and its log (where Ray's own account of a failed
+    attempt goes), the arm whose runs early stopping compares, and its training steps (for the progress
+    estimate)."""
 
     @property
     def name(self) -> str: ...
 
     folder: Path
+
+    @property
+    def log(self) -> Path: ...
 
     @property
     def arm(self) -> Hashable: ...
@@ -28,7 +33,9 @@ class GridRun(Protocol):
     def max_steps(self) -> int: ...
 
 
-Work = Callable[[Any, Sequence[TrainerCallback]], None]
+# work(run, callbacks, where): train (and evaluate) one run with the Trainer callbacks that report to the
+# scheduler; ``where`` names the Ray node it runs on, for the run's log.
+Work = Callable[[Any, Sequence[TrainerCallback], str], None]
 
 
 @dataclass(frozen=True)
@@ -37,8 +44,9 @@ class Grid:
 
     Attributes:
         runs: the runs, started in this order.
-        work: trains (and evaluates) one run into its folder, with the given Trainer callbacks; called in the
-            worker process (it travels there pickled, with what it holds: the prepared data, the settings).
+        work: trains (and evaluates) one run into its folder, with the given Trainer callbacks (:data:`Work`);
+            called in the worker process (it travels there pickled, with what it holds: the prepared data, the
+            settings).
         resources: each run's share of the cluster.
         retries: how often a run whose worker died is started again.
         early_stop: stop runs whose validation loss falls behind their arm's (ASHA over the training steps).

@@ -11,7 +11,7 @@ from ray.tune.progress_reporter import TrialProgressCallback
 from tqdm.auto import tqdm
 
 if TYPE_CHECKING:
-    from difftransformer.compare.grid import GridRun
+    from difftransformer.compare.ray.grid import GridRun
 
 
 class GridProgress(TrialProgressCallback):

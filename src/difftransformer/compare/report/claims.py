@@ -2,29 +2,23 @@
 
 A claim is one measure read off every run (test loss, a scaling ratio, or an evaluation task's
 :class:`~difftransformer.eval.task.Measure` that names what the paper reports). :func:`judge_claim` compares a DIFF
-variant's runs with the matched baseline's, seed by seed, under :mod:`difftransformer.compare.verdict`.
+variant's runs with the matched baseline's, seed by seed, under :mod:`difftransformer.compare.report.verdict`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from difftransformer.compare.document import mean_spread
-from difftransformer.compare.scaling import fit_power_law, matching_ratio
-from difftransformer.compare.verdict import AT_CHANCE, Verdict, judge
+from difftransformer.compare.records import RunRecord, learned_recall, recall_curve
+from difftransformer.compare.report.document import mean_spread
+from difftransformer.compare.report.scaling import fit_power_law, matching_ratio
+from difftransformer.compare.report.verdict import AT_CHANCE, Verdict, judge
 from difftransformer.eval import paper
 from difftransformer.eval.registry import get_task, task_names
 from difftransformer.stats import Interval, mean_interval
-from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.recall import RECALL_THRESHOLD, steps_to_recall
-from difftransformer.train.runner import METRICS_CSV
-
-if TYPE_CHECKING:
-    from pathlib import Path
-
-    from difftransformer.compare.records import RunRecord
 
 
 @dataclass(frozen=True)
@@ -83,28 +77,14 @@ LOSS_CLAIM = Claim(
 )  # fmt: skip
 
 
-def _recall_curve(folder: Path) -> tuple[list[int], list[float]]:
-    """(steps, accuracies) of the MQAR probe of the run in ``folder``; empty for a run trained without recall
-    rows."""
-    path = folder / METRICS_CSV
-    return column(read_metrics(path), "eval_mqar_accuracy") if path.is_file() else ([], [])
-
-
 def recall_steps(record: RunRecord) -> float | None:
     """Training steps until the run's MQAR probe first reached ``RECALL_THRESHOLD``; a run that never did counts
     as its full length (the claim's name says so); None for a run trained without recall rows."""
-    steps, accuracies = _recall_curve(record.folder)
+    steps, accuracies = recall_curve(record.folder)
     if not steps:
         return None
     reached = steps_to_recall(steps, accuracies)
     return float(reached if reached is not None else steps[-1])
-
-
-def learned_recall(folder: Path) -> bool | None:
-    """Whether the MQAR probe of the run in ``folder`` ever reached ``RECALL_THRESHOLD``; None for a run trained
-    without recall rows."""
-    steps, accuracies = _recall_curve(folder)
-    return steps_to_recall(steps, accuracies) is not None if steps else None
 
 
 RECALL_STEPS_CLAIM = Claim(
@@ -117,7 +97,7 @@ RECALL_STEPS_CLAIM = Claim(
 
 def training_claims(records: Sequence[RunRecord]) -> list[Claim]:
     """The claims read off training: test loss, and the steps to recall where every run trained with MQAR rows."""
-    recall = all(_recall_curve(record.folder)[0] for record in records)
+    recall = all(recall_curve(record.folder)[0] for record in records)
     return [LOSS_CLAIM, RECALL_STEPS_CLAIM] if recall else [LOSS_CLAIM]
 
 
@@ -148,10 +128,11 @@ def task_claims(records: Sequence[RunRecord], with_paper_only: bool = True) -> l
 
 
 def judge_claim(claim: Claim, runs: Sequence[RunRecord], baseline: Sequence[RunRecord]) -> Judgement | None:
-    """``claim`` for a variant's ``runs`` against the baseline's (the same seeds); None where a run lacks it."""
+    """``claim`` for a variant's ``runs`` against the baseline's (the same seeds); None where a run lacks it or
+    its value is not a number (a diverged run: the tables say which)."""
     values = [claim.value(record) for record in runs]
     reference = [claim.value(record) for record in baseline]
-    if not values or not reference or any(v is None for v in [*values, *reference]):
+    if not values or not reference or any(v is None or not math.isfinite(v) for v in [*values, *reference]):
         return None
     at_chance = claim.at_chance is not None and all(claim.at_chance(r) for r in [*runs, *baseline])
     intervals = [claim.interval(r) for r in runs] if claim.interval is not None else None
@@ -166,7 +147,7 @@ def judge_claim(claim: Claim, runs: Sequence[RunRecord], baseline: Sequence[RunR
 def matching_ratios(records: Sequence[RunRecord], variant: str, baseline: str, by: str) -> list[float]:
     """Per seed: the share of the baseline's size (:meth:`RunRecord.size` by ``by``, "parameters" or "tokens") at
     which the power law fitted to ``variant``'s test losses reaches the baseline's fitted loss at its largest scale.
-    Seeds with fewer than two scales for either are left out."""
+    Seeds with fewer than two scales for either, or a loss that is not a number, are left out."""
     ratios = []
     for seed in sorted({r.seed for r in records}):
         points = {}
@@ -174,7 +155,9 @@ def matching_ratios(records: Sequence[RunRecord], variant: str, baseline: str, b
             points[label] = [
                 (r.size(by), r.test_loss) for r in records if r.variant == label and r.seed == seed
             ]
-        if any(len({x for x, _ in pairs}) < 2 for pairs in points.values()):
+        unfit = [len({x for x, _ in pairs}) < 2 or not all(math.isfinite(y) for _, y in pairs)
+                 for pairs in points.values()]  # fmt: skip
+        if any(unfit):
             continue
         fits = {label: fit_power_law(*zip(*pairs)) for label, pairs in points.items()}
         largest = max(x for x, _ in points[baseline])

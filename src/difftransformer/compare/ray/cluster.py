@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from difftransformer.compare.resources import RunResources, default_resources
+from difftransformer.compare.ray.resources import RunResources, default_resources
 from difftransformer.errors import UsageError
 from difftransformer.process_signals import raise_terminated, sigterm_handler
 
