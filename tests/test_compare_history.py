@@ -3,6 +3,7 @@ run of both invocations; a narrower one (fewer tasks, other settings) writes its
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from difftransformer.compare.history import extend_earlier
@@ -96,3 +97,31 @@ def test_a_comparison_grown_by_seeds_extends_a_report_written_as_json_and_older_
     assert extended.beside is None and len(extended.records) == 4
     chosen_otherwise = settings((1,), learning_rates=(1e-3,), rate_choice="learned_recall")
     assert extend_earlier(tmp_path, chosen_otherwise, grown, [], parse_variants("diff,softmax")).beside
+
+
+def test_an_older_results_json_of_a_copied_or_moved_folder_names_its_runs_where_they_are_now(tmp_path):
+    """results.json files written before folders were relative name runs absolutely: a copy, or a move, of the
+    comparison folder reads each run once, in its new place, and never a run outside it (the sweep report's defect
+    1: a copy held 8 runs for a 4-run grid, half of them read from the source)."""
+    source = tmp_path / "a"
+    made = [record(source, spec, seed) for seed in (0, 1) for spec in ("diff", "softmax")]
+    outside = record(tmp_path / "elsewhere", "diff", 2)
+    absolute = [{**r.to_json(r.folder), "folder": str(r.folder)} for r in [*made, outside]]
+    write_json(source / RESULTS_JSON, {"provenance": provenance(output_dir=str(source)), "runs": absolute})
+    shutil.copytree(source, tmp_path / "b")
+    copy = tmp_path / "b"
+    rerun = [record(copy, spec, seed) for seed in (0, 1) for spec in ("diff", "softmax")]
+    extended = extend_earlier(
+        copy, provenance(output_dir=str(copy)), rerun, [], parse_variants("diff,softmax")
+    )
+    assert sorted(r.folder for r in extended.records) == sorted(r.folder for r in rerun)
+    assert not extended.earlier
+    shutil.move(source, tmp_path / "c")
+    moved = tmp_path / "c"
+    one = [record(moved, "diff", 0)]
+    extended = extend_earlier(moved, provenance(output_dir=str(moved)), one, [], parse_variants("diff"))
+    assert sorted(r.folder for r in extended.records) == sorted(moved / "runs" / f"{spec}-seed{seed}"
+                                                                for seed in (0, 1) for spec in ("diff", "softmax"))  # fmt: skip
+    assert extended.earlier == {
+        moved / "runs" / name for name in ("softmax-seed0", "diff-seed1", "softmax-seed1")
+    }

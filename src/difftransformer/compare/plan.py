@@ -153,7 +153,8 @@ def scaled_presets(
 ) -> dict[str, Preset]:
     """The preset of every scale to train, by scale name: the preset itself, each --sizes width, or each
     --token-budgets (``training``: the command line's other training options, which set the tokens per step with
-    the preset's). A scale whose tokens come to fewer than :data:`MIN_SCALED_STEPS` steps is refused."""
+    the preset's). A scale whose tokens come to fewer than :data:`MIN_SCALED_STEPS` steps is refused, and so is a
+    sweep longer than a scale's runs (``sweep_steps`` is a shorter run of the same recipe)."""
     settings = preset.training_settings(**{**training, "output_dir": comparison.output_dir})
     step_tokens = tokens_per_step(preset.block_size, settings)
 
@@ -168,8 +169,8 @@ def scaled_presets(
         warmup = min(scaled.training.warmup_steps, max(1, steps // 10))
         return scaled.with_training(max_steps=steps, warmup_steps=warmup)
 
+    scales = {}
     if comparison.sizes:
-        scales = {}
         for width in comparison.sizes:
             try:
                 scaled = preset.at_width(width)
@@ -180,14 +181,20 @@ def scaled_presets(
                 tokens = comparison.tokens_per_parameter * (counts.total - counts.outside_layers)
                 scaled = trained_on(scaled, tokens, "tokens_per_parameter", f"size {width}")
             scales[f"d{width}"] = scaled
-        return scales
-    if comparison.token_budgets:
-        scales = {}
+    elif comparison.token_budgets:
         for tokens in comparison.token_budgets:
             scaled = trained_on(preset, tokens, "token_budgets", f"the budget {tokens:,}")
             scales[f"t{scaled.training.max_steps * step_tokens}"] = scaled
-        return scales
-    return {preset.name: preset}
+    else:
+        scales[preset.name] = preset
+    for scale, scaled in scales.items():
+        if (comparison.sweep_steps or 0) > scaled.training.max_steps:
+            at = f" at scale {scale}" if len(scales) > 1 else ""
+            raise UsageError(
+                f"`sweep_steps` must be at most `max_steps`{at} ({scaled.training.max_steps}: the sweep is a "
+                f"shorter run of the same recipe, never a longer one); got {comparison.sweep_steps}"
+            )
+    return scales
 
 
 def plan_comparison(
@@ -203,8 +210,19 @@ def plan_comparison(
     already holds a run must hold one trained with exactly these settings (then it is continued or reused);
     otherwise a UsageError names the problem and the way out. ``training``: the command line's training options
     beyond the preset's; ``data_options``: where the data comes from (recorded)."""
+    presets = scaled_presets(preset, comparison, training)
     out = check_output_dir(comparison.output_dir, "output_dir")
-    _check_judgeable(comparison, out)
+    # The claims need the matched baseline and a variant beside it, here or in the folder's earlier report.
+    specs = {*earlier_variants(out), *(variant.spec() for variant in comparison.variants)}
+    if not comparison.allow_unjudged and (BASELINE not in specs or not specs - {BASELINE}):
+        missing = (
+            "the matched baseline (softmax)" if BASELINE not in specs else "a variant beside the baseline"
+        )
+        shown = ",".join(variant.spec() for variant in comparison.variants)
+        raise UsageError(
+            f"`variants` {shown}: no claim of the paper could be judged without {missing}; add it, or give "
+            "`allow_unjudged` to train and table these runs alone"
+        )
     data_options = data_options or DataOptions()
     seeds = comparison.seeds if comparison.seeds is not None else (training["seed"],)
     shared = preset.training.learning_rate
@@ -235,13 +253,13 @@ def plan_comparison(
         run = PlannedRun(
             scale, at_rate, variant, seed, folder, training, record, evaluate=steps is None, tag=tag
         )
-        _check_reusable(run, out, ignored=HARDWARE_DEFAULTS - set(training))
+        _check_reusable(run, ignored=HARDWARE_DEFAULTS - set(training))
         return run
 
-    presets = scaled_presets(preset, comparison, training)
     sweep, runs = [], {}
     for scale, scaled in presets.items():
-        shorter = _sweep_steps(comparison, scale, scaled, len(presets) > 1)
+        # A sweep as long as the runs is the first seed's runs: no folders of its own.
+        shorter = comparison.sweep_steps if comparison.sweep_steps != scaled.training.max_steps else None
         for variant in comparison.variants:
             if not comparison.init_from:  # the variant's overrides are checked against its config now
                 variant.config(scaled.model_config(variant.kind))
@@ -264,36 +282,7 @@ def plan_comparison(
                           tuple(seeds), finished)  # fmt: skip
 
 
-def _sweep_steps(comparison: ComparisonSettings, scale: str, scaled: Preset, several: bool) -> int | None:
-    """The steps of a shorter sweep at ``scale`` (None: the sweep's runs are the first seed's full runs, as
-    ``sweep_steps`` equal to the full budget asks too); longer than the full budget is refused."""
-    steps, full = comparison.sweep_steps, scaled.training.max_steps
-    if steps is not None and steps > full:
-        at = f" at scale {scale}" if several else ""
-        raise UsageError(
-            f"`sweep_steps` must be at most `max_steps`{at} ({full}: the sweep is a shorter run of the same "
-            f"recipe, never a longer one); got {steps}"
-        )
-    return steps if steps is not None and steps < full else None
-
-
-def _check_judgeable(comparison: ComparisonSettings, out: Path) -> None:
-    """Refuse, unless ``comparison.allow_unjudged``, a comparison whose report could judge no claim: one without
-    the matched softmax baseline or without a variant beside it, counting the variants an earlier report in ``out``
-    holds (a comparison grown by variants)."""
-    if comparison.allow_unjudged:
-        return
-    specs = {*earlier_variants(out), *(variant.spec() for variant in comparison.variants)}
-    missing = "the matched baseline (softmax)" if BASELINE not in specs else "a variant beside the baseline"
-    if BASELINE not in specs or not specs - {BASELINE}:
-        shown = ",".join(variant.spec() for variant in comparison.variants)
-        raise UsageError(
-            f"`variants` {shown}: no claim of the paper could be judged without {missing}; add it, or give "
-            "`allow_unjudged` to train and table these runs alone"
-        )
-
-
-def _check_reusable(run: PlannedRun, out: Path, ignored: Iterable[str] = ()) -> None:
+def _check_reusable(run: PlannedRun, ignored: Iterable[str] = ()) -> None:
     """Refuse a run folder holding a run whose recorded settings differ from ``run``'s (or that records none);
     ``ignored``: settings left to the hardware the run trained on."""
     if not run.folder.is_dir() or not any(run.folder.iterdir()):
@@ -313,7 +302,7 @@ def _check_reusable(run: PlannedRun, out: Path, ignored: Iterable[str] = ()) -> 
         more = f" (and {len(differ) - 6} more)" if len(differ) > 6 else ""
         raise UsageError(
             f"{run.folder} was trained with other settings than this command gives: {shown}{more}; choose a new "
-            f"`output_dir`, or give the settings as they were to continue {out}"
+            f"`output_dir`, or give the settings as they were to continue {run.folder.parent.parent}"
         )
 
 
