@@ -75,6 +75,23 @@ def test_plain_model_round_trips_to_identical_tensors():
         assert torch.equal(back[name], tensor), name
 
 
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_gda_with_one_signal_head_per_noise_map_converts_as_diff_v1_exactly(kv_heads):
+    # GDA at gda_ratio 1 is DIFF V1 in DIFF V1's layout: the same weights give the same DiffLlama, bit for bit
+    diff = random_model(seed=5, dtype=torch.float32, num_key_value_heads=kv_heads)
+    gda = DiffTransformerForCausalLM(diff.config.__class__(**{**diff.config.to_dict(), "attention": "gda"}))
+    assert gda.config.attention == "gda" and gda.config.gda_ratio == 1
+    gda.load_state_dict(diff.state_dict(), strict=True)
+    from_gda, from_diff = to_diffllama(gda.eval()).state_dict(), to_diffllama(diff).state_dict()
+    assert from_gda.keys() == from_diff.keys()
+    for name, tensor in from_diff.items():
+        assert torch.equal(from_gda[name], tensor), name
+    ids = torch.randint(0, 97, (2, 10))
+    torch.testing.assert_close(to_diffllama(gda)(ids).logits, gda(ids).logits, atol=2e-5, rtol=1e-5)
+    with pytest.raises(ConversionError, match="'gda' with gda_ratio=1 .*got 'gda'"):
+        to_diffllama(random_model(attention="gda", gda_ratio=2, hidden_size=48, num_key_value_heads=1))
+
+
 def test_unconvertible_models_are_refused(tmp_path):
     diffllama = random_diffllama(2)
     diffllama.config.num_key_value_heads = 3  # what a hand-edited checkpoint could say

@@ -160,11 +160,13 @@ def to_diffllama(model: DiffTransformerForCausalLM) -> DiffLlamaForCausalLM:
     """Build the DiffLlama model computing what our DIFF V1 model computes.
 
     Needs the depth lambda_init, a per-head norm (its gain, if any, is folded into o_proj), causal attention
-    and ``subln_eps == rms_norm_eps`` (DiffLlama has a single eps).
+    and ``subln_eps == rms_norm_eps`` (DiffLlama has a single eps). GDA with one signal head per noise map
+    (``gda_ratio=1``) is DIFF V1 exactly, in DIFF V1's layout (docs/architecture.md), and converts as DIFF V1 does.
     """
     config = model.config
+    diff_v1 = config.attention == "diff" or (config.attention == "gda" and config.gda_ratio == 1)
     checks = {
-        "attention": (config.attention == "diff", "'diff' (DiffLlama is DIFF V1)"),
+        "attention": (diff_v1, "'diff', or 'gda' with gda_ratio=1 (DiffLlama is DIFF V1)"),
         "lambda_init": (config.lambda_init == "depth", "'depth' (DiffLlama has no constant lambda_init)"),
         "subln": (config.subln != "none", "'affine' or 'plain' (DiffLlama always normalises each head)"),
         "causal": (config.causal, "True"),
