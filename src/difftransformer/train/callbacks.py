@@ -1,12 +1,16 @@
-"""Trainer callbacks: a tqdm bar with loss, tokens/s and ETA, and metrics appended to a CSV file."""
+"""Trainer callbacks: a tqdm bar with loss, tokens/s and ETA, metrics appended to a CSV file, and Ctrl-C taken at
+the end of a step."""
 
 from __future__ import annotations
 
 import csv
 import io
 import os
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -77,6 +81,41 @@ class ProgressBar(TrainerCallback):
             self.bar.close()
             self.bar = None
         return control
+
+
+class CtrlCAtStepEnd(TrainerCallback):
+    """Ctrl-C (SIGINT) ends training with KeyboardInterrupt at the next step's end (or evaluation batch, or the
+    start of training), while :meth:`armed`. Python raises KeyboardInterrupt at whatever bytecode runs when the
+    signal comes: inside tqdm's constructor (the bar transformers builds to write each checkpoint's shards) it left
+    a half-built bar, whose ``__del__`` then printed ``Exception ignored in: <function tqdm.__del__ ...>`` and a
+    traceback after the command's one-line note. At a step's end no library object is half-built. A second Ctrl-C
+    interrupts at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def _request(self, signum: int, frame: object) -> None:
+        self.requested = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the second Ctrl-C
+
+    @contextmanager
+    def armed(self) -> Iterator[None]:
+        """SIGINT taken by this callback inside the block (main thread only; elsewhere the block runs untouched),
+        the previous handler put back after it."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.signal(signal.SIGINT, self._request)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _interrupt_if_requested(self, args, state, control, **kwargs) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+
+    on_train_begin = on_step_end = on_substep_end = on_prediction_step = _interrupt_if_requested
 
 
 class CsvMetrics(TrainerCallback):

@@ -25,6 +25,7 @@ from difftransformer.errors import UsageError
 from difftransformer.flags import add_flags, flag, given
 from difftransformer.models import ATTENTION_KINDS
 from difftransformer.storage import check_input_dir
+from difftransformer.train.callbacks import CtrlCAtStepEnd
 from difftransformer.train.checkpoints import last_good_checkpoint
 from difftransformer.train.pipeline import prepare_preset_data
 from difftransformer.train.presets import PRESETS, RECIPE, Preset, get_preset
@@ -200,17 +201,19 @@ def run(args: argparse.Namespace) -> int:
     if run_options.resume and is_main_process() and (note := resume_note(settings.output_dir, recorded)):
         print(note)
     provenance = ProvenanceRecorder(settings.output_dir, **recorded)
+    ctrl_c = CtrlCAtStepEnd()
     try:
-        result = train_model(
-            model,
-            train_dataset,
-            prepared.validation_blocks[: preset.eval_blocks],
-            prepared.tokenizer,
-            settings,
-            resume=run_options.resume,
-            progress_desc=attention,
-            callbacks=[provenance],
-        )
+        with ctrl_c.armed():
+            result = train_model(
+                model,
+                train_dataset,
+                prepared.validation_blocks[: preset.eval_blocks],
+                prepared.tokenizer,
+                settings,
+                resume=run_options.resume,
+                progress_desc=attention,
+                callbacks=[provenance, ctrl_c],
+            )
     except KeyboardInterrupt:
         checkpoint = last_good_checkpoint(settings.output_dir, quarantine=False)
         where = f"from {checkpoint.name}" if checkpoint else "from step 0 (no checkpoint was finished)"
