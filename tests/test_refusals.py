@@ -1,10 +1,14 @@
 """What a user can get wrong with ``convert`` and ``train`` ends in one line with exit 2 (Ctrl-C in one line with exit
-130), and a conversion never changes its input or leaves a half-written output."""
+130, taken at the end of a step), a conversion never changes its input or leaves a half-written output, and the
+commands refuse a model folder whose weights are not finite or that an edit made another model (the fingerprint
+``train`` records at every save)."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,9 +16,13 @@ import time
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
 from transformers import LlamaForCausalLM
 
 from difftransformer.cli import main as cli_main
+from difftransformer.models.loading import PROVENANCE_JSON, folder_fingerprint
+from difftransformer.train.callbacks import CtrlCAtStepEnd
 from difftransformer.train.checkpoints import COMPLETE_MARKER
 from helpers import random_model
 from test_convert import random_diffllama
@@ -31,12 +39,14 @@ def snapshot(folder: Path) -> dict[str, str]:
 
 
 def refused(argv: list[str], capsys) -> str:
-    """Run ``argv``, check it exits 2 with one line on stderr and no traceback, return that line."""
+    """Run ``argv``, check it exits 2 with one line on stderr (beside transformers' progress bar of a model it read)
+    and no traceback, return that line."""
     capsys.readouterr()
     assert cli_main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    return err
+    lines = [line for line in err.replace("\r", "\n").splitlines() if not line.startswith("Loading weights")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
 
 
 @pytest.fixture
@@ -161,6 +171,81 @@ def test_ctrl_c_ends_train_with_a_one_line_note(train_argv):
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 130, err
-    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err and "Exception ignored" not in err, err
     note = "difftransformer train: interrupted; `--resume` continues from checkpoint-"
     assert any(line.startswith(note) for line in err.replace("\r", "\n").splitlines()), err[-500:]
+
+
+def test_ctrl_c_waits_for_the_end_of_the_step_and_a_second_one_interrupts_at_once():
+    # the signal comes while a library builds an object (here a tqdm bar, as transformers' checkpoint writer does):
+    # nothing is raised inside it; the callback raises at the step's end, a point of the run's own
+    callback = CtrlCAtStepEnd()
+    previous = signal.getsignal(signal.SIGINT)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # as a shell would start the command
+    try:
+        with callback.armed():
+            signal.raise_signal(signal.SIGINT)
+            bar = tqdm(total=3, desc="writing shards")
+            bar.update(3)
+            bar.close()
+            assert callback.requested
+            with pytest.raises(KeyboardInterrupt):
+                callback.on_step_end(None, None, None)
+            with pytest.raises(KeyboardInterrupt):  # the second Ctrl-C: Python's own, at once
+                signal.raise_signal(signal.SIGINT)
+                time.sleep(5)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    assert signal.getsignal(signal.SIGINT) is previous
+
+
+def test_train_fingerprints_each_save_and_the_commands_refuse_an_edited_or_poisoned_folder(
+    train_argv, tmp_path, capsys
+):
+    argv, run = train_argv
+    assert cli_main([*argv, "--preset", "micro", "--max-steps", "1", "--save-steps", "1"]) == 0
+    for folder in (run, run / "checkpoint-1"):
+        recorded = json.loads((folder / PROVENANCE_JSON).read_text())["saved"]
+        assert recorded == folder_fingerprint(folder), folder
+    assert len(json.loads((run / PROVENANCE_JSON).read_text())["invocations"]) == 1
+    edited = tmp_path / "edited"
+    shutil.copytree(run, edited)
+    config = json.loads((edited / "config.json").read_text())
+    (edited / "config.json").write_text(json.dumps({**config, "rope_style": "half"}))
+    nan = tmp_path / "nan"
+    shutil.copytree(run, nan)
+    (nan / PROVENANCE_JSON).unlink()  # a folder written before fingerprints: the values alone refuse it
+    tensors = load_file(nan / "model.safetensors")
+    tensors["model.layers.0.self_attn.q_proj.weight"][0, 0] = float("nan")
+    save_file(tensors, nan / "model.safetensors", metadata={"format": "pt"})
+    for folder, says in [
+        (edited, "config.json's model-defining fields changed since the model was saved"),
+        (nan, "1 tensor of the weights hold NaN or infinite values (model.layers.0.self_attn.q_proj.weight)"),
+    ]:
+        commands = [
+            ["generate", str(folder), "--prompt", "the", "--max-new-tokens", "2"],
+            ["eval", "outliers", "--model", str(folder)],
+            ["convert", "--to-diffllama", str(folder), "--output-dir", str(tmp_path / "converted")],
+            [*argv[:-1], str(tmp_path / "init"), "--preset", "micro", "--max-steps", "1", "--init-from", str(folder)],
+        ]  # fmt: skip
+        for command in commands:
+            err = refused(command, capsys)
+            assert "cannot load the model" in err and says in err, (command[0], err)
+        assert not (tmp_path / "converted").exists() and not (tmp_path / "init").exists()
+
+
+def test_resume_from_a_checkpoint_whose_weights_are_not_finite_is_refused_before_training(train_argv, capsys):
+    argv, run = train_argv
+    assert cli_main([*argv, "--preset", "micro", "--max-steps", "1", "--save-steps", "1"]) == 0
+    weights = run / "checkpoint-1" / "model.safetensors"
+    tensors = load_file(weights)
+    tensors["lm_head.weight"][3, 1] = float("inf")
+    save_file(tensors, weights, metadata={"format": "pt"})
+    metrics = (run / "metrics.csv").read_text()
+    err = refused([*argv, "--preset", "micro", "--max-steps", "3", "--save-steps", "1", "--resume"], capsys)
+    assert f"--resume '{run / 'checkpoint-1'}': cannot load the model:" in err
+    assert "1 tensor of the weights hold NaN or infinite values (lm_head.weight)" in err
+    assert (
+        "the weights (*.safetensors) changed since the model was saved" in err
+    )  # its fingerprint says so too
+    assert (run / "metrics.csv").read_text() == metrics and not (run / "checkpoint-2").exists()

@@ -1,8 +1,9 @@
-"""Strict loading (models/loading.py, models/folders.py): a folder whose weights and config.json disagree is refused
-in one line by the package's classes, by the code the folder carries (trust_remote_code, without the package) and by
-the one function every command opens folders with; what transformers intends (a base model and its head loading
-from each other's folders, ignore_mismatched_sizes asked for) still loads; a load that stands shows transformers'
-report, a refused one does not."""
+"""Strict loading (models/loading.py, models/folders.py): a folder whose weights and config.json disagree, whose
+weights are not finite, or which no longer matches the fingerprint its provenance.json recorded is refused in one
+line by the package's classes, by the code the folder carries (trust_remote_code, without the package) and by the one
+function every command opens folders with; what transformers intends (a base model and its head loading from each
+other's folders, ignore_mismatched_sizes asked for, the loading report returned with output_loading_info=True) still
+loads; a load that stands shows transformers' report, a refused one does not."""
 
 from __future__ import annotations
 
@@ -17,12 +18,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import AutoModel, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from difftransformer import DiffTransformerConfig, DiffTransformerForCausalLM, DiffTransformerModel
 from difftransformer.errors import MissingInputError, UsageError
-from difftransformer.models.folders import load_model_folder
-from difftransformer.models.loading import FolderMismatchError
+from difftransformer.models.folders import check_model_files, load_model_folder
+from difftransformer.models.loading import (
+    PROVENANCE_JSON,
+    FolderMismatchError,
+    folder_fingerprint,
+    folder_problems,
+)
+from difftransformer.train.provenance import record_fingerprint
 from helpers import random_model
 from test_remote_code import NO_PACKAGE, PACKAGE_ROOT
 
@@ -161,3 +169,120 @@ def test_any_model_class_opened_by_the_commands_is_held_to_its_config(tmp_path):
 def test_the_config_refuses_values_outside_the_models_bounds_naming_the_field(field, value):
     with pytest.raises(ValueError, match=f"^{field} must be"):
         DiffTransformerConfig(vocab_size=97, hidden_size=32, num_attention_heads=2, **{field: value})
+
+
+def test_output_loading_info_returns_transformers_report_and_every_other_load_stays_strict(saved, tmp_path):
+    # transformers' contract: a caller who asks for the loading report gets it, missing keys and all
+    folder = edited(saved, tmp_path / "deeper", {"num_hidden_layers": 3})
+    for load in (DiffTransformerForCausalLM.from_pretrained, AutoModelForCausalLM.from_pretrained):
+        model, info = load(folder, output_loading_info=True)
+        assert model.config.num_hidden_layers == 3
+        assert {key for key in info["missing_keys"]} == {
+            name for name in model.state_dict() if name.startswith("model.layers.2.")
+        }
+        assert len(info["missing_keys"]) == 14 and not info["unexpected_keys"]
+        with pytest.raises(FolderMismatchError, match="lack 14 tensors"):
+            load(folder)
+    with pytest.raises(UsageError, match="cannot load the model: config.json and the weights disagree"):
+        load_model_folder(folder, DiffTransformerForCausalLM)
+
+
+def poisoned(source: Path, folder: Path, how: str) -> Path:
+    """A copy of ``source`` whose weights hold a NaN in one q_proj (``nan``), an infinity in lm_head (``inf``) or
+    4 KiB of 0xFF bytes (NaNs in float32) written over the start of the data region (``bytes``)."""
+    shutil.copytree(source, folder)
+    weights = folder / "model.safetensors"
+    if how == "bytes":
+        raw = bytearray(weights.read_bytes())
+        start = 8 + int.from_bytes(raw[:8], "little")  # past the header: the first tensors' data
+        raw[start : start + 4096] = b"\xff" * 4096
+        weights.write_bytes(bytes(raw))
+        return folder
+    tensors = load_file(weights)
+    name = "model.layers.1.self_attn.q_proj.weight" if how == "nan" else "lm_head.weight"
+    tensors[name][0, 0] = float("nan") if how == "nan" else float("inf")
+    save_file(tensors, weights, metadata={"format": "pt"})
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("how", "says"),
+    [("nan", r"1 tensor of the weights hold NaN or infinite values \(model\.layers\.1\.self_attn\.q_proj\.weight\)"),
+     ("inf", r"1 tensor of the weights hold NaN or infinite values \(lm_head\.weight\)"),
+     ("bytes", r"tensors? of the weights hold NaN or infinite values \(")],
+)  # fmt: skip
+def test_weights_that_are_not_finite_are_refused_in_one_line_naming_them(saved, tmp_path, how, says):
+    folder = poisoned(saved, tmp_path / how, how)
+    for load in (DiffTransformerForCausalLM.from_pretrained, AutoModelForCausalLM.from_pretrained):
+        with pytest.raises(FolderMismatchError, match=says) as refusal:
+            load(folder)
+        assert "\n" not in str(refusal.value)
+    with pytest.raises(UsageError, match=f"`model` '{folder}': cannot load the model: .*{says}"):
+        load_model_folder(folder, DiffTransformerForCausalLM)
+    # the check on the files alone (train --resume, the vLLM plugin) finds the same tensors
+    (problem,) = folder_problems(folder)
+    assert re.search(says, problem), problem
+    with pytest.raises(UsageError, match=f"`resume` '{folder}': cannot load the model: .*{says}"):
+        check_model_files(folder, what="resume")
+    # transformers' own load, asked for its report, is left to the caller
+    model, _ = DiffTransformerForCausalLM.from_pretrained(folder, output_loading_info=True)
+    assert not all(torch.isfinite(tensor).all() for tensor in model.state_dict().values())
+
+
+# Edits of config.json that keep every shape, each of which changes the logits.
+SAME_SHAPES = {
+    "rope_style": "half",
+    "lambda_init": 0.5,
+    "rms_norm_eps": 1e-2,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 500.0},
+    "causal": False,
+}
+
+
+@pytest.fixture(scope="module")
+def fingerprinted(saved, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("fingerprinted") / "diff"
+    shutil.copytree(saved, folder)
+    record_fingerprint(folder)
+    return folder
+
+
+@pytest.mark.parametrize("field", SAME_SHAPES)
+def test_a_config_edit_that_keeps_the_shapes_is_refused_where_the_save_was_fingerprinted(
+    field, saved, fingerprinted, tmp_path
+):
+    ids = torch.randint(0, 97, (1, 9))
+    before = DiffTransformerForCausalLM.from_pretrained(fingerprinted)(ids).logits
+    folder = edited(fingerprinted, tmp_path / "edited", {field: SAME_SHAPES[field]})
+    says = (
+        r"config\.json's model-defining fields changed since the model was saved \(provenance\.json records"
+    )
+    with pytest.raises(FolderMismatchError, match=says) as refusal:
+        AutoModelForCausalLM.from_pretrained(folder)
+    assert "\n" not in str(refusal.value)
+    with pytest.raises(UsageError, match=f"`init_from` '{folder}': cannot load the model: {says}"):
+        load_model_folder(folder, what="init_from")
+    # the edit matters (the check is not a formality) and a folder without a fingerprint still loads as before
+    unrecorded = edited(saved, tmp_path / "unrecorded", {field: SAME_SHAPES[field]})
+    after = DiffTransformerForCausalLM.from_pretrained(unrecorded)(ids).logits
+    assert (after - before).abs().max() > 1e-4
+
+
+def test_a_fingerprinted_folder_loads_whatever_its_files_bookkeeping(fingerprinted, tmp_path):
+    # key order, spacing and the fields that do not define the model (use_cache, dtype, the kernel choice) do not
+    # count; the weights' bytes do
+    folder = tmp_path / "rewritten"
+    shutil.copytree(fingerprinted, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(use_cache=False, attention_backend="reference", transformers_version="5.0.0")
+    (folder / "config.json").write_text(json.dumps(dict(reversed(config.items())), indent=1))
+    assert folder_fingerprint(folder) == json.loads((folder / PROVENANCE_JSON).read_text())["saved"]
+    assert load_model_folder(folder, DiffTransformerForCausalLM).config.use_cache is False
+    tensors = load_file(folder / "model.safetensors")
+    tensors["model.norm.weight"][0] += 1.0  # finite, the same shape: only the fingerprint sees it
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(
+        FolderMismatchError, match=r"the weights \(\*\.safetensors\) changed since the model was"
+    ):
+        DiffTransformerForCausalLM.from_pretrained(folder)
+    assert folder_problems(folder) and "weights" in folder_problems(folder)[0]

@@ -1,8 +1,10 @@
 """Opening a saved model folder, the one way every command does it (convert, generate, eval, train ``--init-from``
 and its resume, compare's reuse of a finished run, upcycling): transformers reads it, our models' strict loading
 (:mod:`difftransformer.models.loading`, also applied to any other model class loaded here) refuses weights that
-disagree with config.json, and whatever a damaged or edited folder makes transformers, safetensors or our classes
-raise becomes one :class:`~difftransformer.errors.UsageError` line naming the option the folder came in."""
+disagree with config.json, that are not finite or that no longer match the folder's recorded fingerprint, and
+whatever a damaged or edited folder makes transformers, safetensors or our classes raise becomes one
+:class:`~difftransformer.errors.UsageError` line naming the option the folder came in. A checkpoint that Trainer
+reads itself (``train --resume``) is checked on its files once Trainer has read its names (:func:`check_model_files`)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from difftransformer.errors import MissingInputError, UsageError
-from difftransformer.models.loading import strict_from_pretrained
+from difftransformer.models.loading import folder_problems, strict_from_pretrained
 
 
 def open_folder(
@@ -58,3 +60,13 @@ def load_model_folder(
         )
     load = partial(strict_from_pretrained, model_class.from_pretrained)
     return open_folder(load, folder, what=what, **options)
+
+
+def check_model_files(folder: str | os.PathLike, *, what: str = "model") -> None:
+    """Refuse in one UsageError line naming ``what`` a model folder whose files a strict load would refuse without
+    building the model (:func:`~difftransformer.models.loading.folder_problems`: weights not finite, or not what
+    its provenance.json recorded when they were saved): for a folder that another reader than ``from_pretrained``
+    loads, such as the checkpoint Trainer resumes."""
+    problems = folder_problems(folder)
+    if problems:
+        raise UsageError(f"`{what}` {str(folder)!r}: cannot load the model: {'; '.join(problems)}")

@@ -21,6 +21,7 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from difftransformer.storage import write_json
+from difftransformer.train.provenance import record_fingerprint
 
 COMPLETE_MARKER = "checkpoint_complete.json"
 REQUIRED_FILES = ("model.safetensors", "trainer_state.json", "scheduler.pt")
@@ -31,11 +32,14 @@ _STEP = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 
 
 class CompletionMarker(TrainerCallback):
-    """Marks each finished checkpoint folder (main process only) by atomically writing its marker file."""
+    """Marks each finished checkpoint folder (main process only) by atomically writing its marker file, after
+    recording the folder's fingerprint (:func:`~difftransformer.train.provenance.record_fingerprint`), which strict
+    loads and a resume check."""
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
             folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            record_fingerprint(folder)
             write_json(folder / COMPLETE_MARKER, {"global_step": state.global_step})
         return control
 

@@ -5,6 +5,11 @@ attention kind, the folder it started from) and the package versions, in ``prove
 (:class:`ProvenanceRecorder`): an invocation refused on the way, or finding the run already complete, records
 nothing. ``compare`` reads a run's entry before it
 reuses the run and refuses one trained with other settings (:func:`differing_settings`).
+
+Every save of the model (the run folder's final model, each ``checkpoint-N``) also records the folder's
+fingerprint (:func:`record_fingerprint`: config.json's model-defining fields and the weights), which strict loading
+(:mod:`difftransformer.models.loading`) checks, so that a config edit that keeps every shape, or weights changed
+after the save, are refused rather than loaded as another model.
 """
 
 from __future__ import annotations
@@ -18,11 +23,10 @@ from typing import Any
 from transformers import TrainerCallback
 
 from difftransformer.data import DataOptions
+from difftransformer.models.loading import FINGERPRINT_KEY, PROVENANCE_JSON, folder_fingerprint
 from difftransformer.storage import jsonable, read_json, versions, write_json
 from difftransformer.train.presets import Preset
 from difftransformer.train.settings import TrainingSettings
-
-PROVENANCE_JSON = "provenance.json"
 
 # TrainingArguments fields that say where a run writes and how it reports, not what it trains: two runs that
 # differ only in these trained alike.
@@ -65,9 +69,18 @@ def record_provenance(folder: str | os.PathLike, **settings: Any) -> Path:
     """Append this invocation's :func:`run_settings` (``settings`` are its keywords) and the package versions to
     ``folder/provenance.json``; returns its path."""
     path = Path(folder) / PROVENANCE_JSON
-    entries = read_json(path)["invocations"] if path.is_file() else []
+    record = read_json(path) if path.is_file() else {}
     entry = {"settings": run_settings(**settings), "versions": versions()}
-    return write_json(path, {"invocations": [*entries, entry]})
+    return write_json(path, {**record, "invocations": [*record.get("invocations", []), entry]})
+
+
+def record_fingerprint(folder: str | os.PathLike) -> Path:
+    """Record in ``folder/provenance.json`` the fingerprint of the model just saved there
+    (:func:`~difftransformer.models.loading.folder_fingerprint`), which every strict load of the folder checks;
+    returns its path. Called by the main process after each save, once the files are complete."""
+    path = Path(folder) / PROVENANCE_JSON
+    record = read_json(path) if path.is_file() else {}
+    return write_json(path, {**record, FINGERPRINT_KEY: folder_fingerprint(folder)})
 
 
 class ProvenanceRecorder(TrainerCallback):
@@ -85,9 +98,8 @@ class ProvenanceRecorder(TrainerCallback):
 def recorded_settings(folder: str | os.PathLike) -> dict[str, Any] | None:
     """The settings of the last invocation recorded in ``folder`` (None when the folder records none)."""
     path = Path(folder) / PROVENANCE_JSON
-    if not path.is_file():
-        return None
-    return read_json(path)["invocations"][-1]["settings"]
+    invocations = read_json(path).get("invocations") if path.is_file() else None
+    return invocations[-1]["settings"] if invocations else None
 
 
 def differing_settings(recorded: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:

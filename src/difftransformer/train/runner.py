@@ -22,7 +22,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from difftransformer.errors import UsageError
 from difftransformer.models import DiffTransformerConfig, DiffTransformerForCausalLM
-from difftransformer.models.folders import load_model_folder
+from difftransformer.models.folders import check_model_files, load_model_folder
 from difftransformer.ops import fused_cpu_available
 from difftransformer.storage import check_output_dir, read_json, write_json
 from difftransformer.train.callbacks import CsvMetrics, ProgressBar
@@ -31,6 +31,7 @@ from difftransformer.train.curriculum import LengthCurriculum
 from difftransformer.train.fsdp import check_fsdp_state_dict, enable_fsdp_on_cpu
 from difftransformer.train.lock import RunDirectoryTaken, RunLock
 from difftransformer.train.mixture import Blocks, MixedBlocks, RecallMix
+from difftransformer.train.provenance import record_fingerprint
 from difftransformer.train.recall import RecallProbe
 from difftransformer.train.settings import TrainingSettings, tokens_per_step
 from difftransformer.train.traces import LambdaTraces
@@ -84,6 +85,13 @@ class LanguageModelTrainer(Trainer):
                 "restore the checkpoint or choose another `output_dir`"
             )
         super()._issue_warnings_after_load(load_result)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        """Trainer's load of the checkpoint to resume (its names checked by :meth:`_issue_warnings_after_load`),
+        then what a strict load checks beyond names, before any step: weights that are not finite, or that are not
+        what the checkpoint's fingerprint recorded (:func:`~difftransformer.models.folders.check_model_files`)."""
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        check_model_files(resume_from_checkpoint, what="resume")
 
     def create_accelerator_and_postprocess(self) -> None:
         super().create_accelerator_and_postprocess()
@@ -264,6 +272,7 @@ def train_model(
         # Every process: under FSDP saving gathers the shards; only the main process writes.
         trainer.save_model(str(output_dir))  # final weights (safetensors), config and tokenizer
         if trainer.is_world_process_zero():
+            record_fingerprint(output_dir)
             write_json(output_dir / SUMMARY_JSON, asdict(result))
         destroy_process_group_at_exit()
         return result
@@ -300,6 +309,7 @@ def _finished_run(
         )
         if is_main_process():
             model.save_pretrained(output_dir)
+            record_fingerprint(output_dir)
             tokenizer.save_pretrained(output_dir)
             write_json(output_dir / SUMMARY_JSON, asdict(result))
     if is_main_process():

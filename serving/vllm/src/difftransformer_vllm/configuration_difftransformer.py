@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 73d6667ae4e8cd2c; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code be51da110a1c9d4f; change the package, not this file.
 """The Differential Transformer's configuration, generated from difftransformer/models/configuration.py."""
 
 from __future__ import annotations
