@@ -397,7 +397,16 @@ def test_compare_refuses_runs_that_record_no_settings(models, workdir, capsys):
                                              (["--variants", "diff,diff"], "distinct variants"),
                                              (["--variants", "diff(subln=bogus)"], "subln"),
                                              (["--rate-choice", "learned_recall"],
-                                              "--rate-choice applies to --learning-rates")])  # fmt: skip
+                                              "--rate-choice applies to --learning-rates"),
+                                             (["--rate-choice", "validation_loss"],
+                                              "--rate-choice applies to --learning-rates"),
+                                             (["--learning-rates", "1e-3", "--max-steps", "20", "--sweep-steps", "40"],
+                                              "--sweep-steps must be at most --max-steps (20: "),
+                                             (["--variants", "diff,diff_v2"], "no claim of the paper could be judged"),
+                                             (["--variants", "softmax"], "give --allow-unjudged"),
+                                             (["--sizes", "16,32", "--tokens-per-parameter", "1e-9"],
+                                              "--tokens-per-parameter gives size 16 0 training step(s)"),
+                                             (["--token-budgets", "5000"], "each scale needs at least 10 steps")])  # fmt: skip
 def test_compare_refuses_repeated_seeds_and_bad_variants_before_writing_anything(
     flags, says, models, workdir, capsys
 ):

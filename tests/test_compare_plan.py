@@ -4,6 +4,7 @@ resources on a cluster, early stopping within an arm, and the prepared data as i
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import pickle
 from types import SimpleNamespace
@@ -211,3 +212,50 @@ def test_a_preset_at_another_width_keeps_its_depth_and_head_width():
         plan_comparison(
             preset, compare_cli.comparison_settings(parser.parse_args(["--sizes", "50"])), {"seed": 0}
         )
+
+
+def test_a_sweep_is_never_longer_than_the_runs_and_one_as_long_as_them_is_their_runs(tmp_path):
+    """--sweep-steps beyond the full budget trained the sweep longer than the runs it chose for (the sweep report's
+    defect 6); equal to it, the sweep's runs are the first seed's runs, not duplicates in folders of their own."""
+    with pytest.raises(UsageError, match=r"^`sweep_steps` must be at most `max_steps` \(6: .*; got 40$"):
+        plan(tmp_path, "--learning-rates", "1e-3", "--sweep-steps", "40")
+    with pytest.raises(UsageError, match=r"`sweep_steps` must be at most `max_steps` at scale d32 \(\d+: "):
+        plan(
+            tmp_path, "--learning-rates", "1e-3", "--sizes", "32,48", "--max-steps", "8", "--sweep-steps", "9"
+        )
+    full = plan(tmp_path, "--learning-rates", "1e-3", "--sweep-steps", "6")
+    assert [r.folder.name for r in full.sweep] == [f"micro-{v}-lr{rate}-seed0" for v in ("diff", "softmax")
+                                                   for rate in ("0.001", "0.003")]  # fmt: skip
+    assert {r.folder for r in full.sweep} <= {r.folder for r in full.runs.values()}
+
+
+def test_scales_too_short_to_fit_and_flags_without_effect_are_refused(tmp_path):
+    with pytest.raises(
+        UsageError, match=r"`tokens_per_parameter` gives size 16 0 training step\(s\) .* at least 10"
+    ):
+        plan(tmp_path, "--sizes", "16,32", "--tokens-per-parameter", "1e-9")
+    with pytest.raises(UsageError, match=r"`token_budgets` gives the budget 5,000 5 training step\(s\)"):
+        plan(tmp_path, "--token-budgets", "5000,100000")
+    assert plan(tmp_path, "--token-budgets", "10240,20480").scales == ("t10240", "t20480")
+    # The default choice, given without a sweep, would choose nothing (the sweep report's papercut).
+    with pytest.raises(UsageError, match="`rate_choice` applies to `learning_rates`"):
+        plan(tmp_path, "--rate-choice", "validation_loss")
+    assert plan(tmp_path, "--learning-rates", "1e-3").comparison.rate_choice == "validation_loss"
+
+
+def test_a_comparison_whose_claims_cannot_be_judged_is_refused_unless_asked_for(tmp_path):
+    """Variants without the softmax baseline, or the baseline alone, trained everything and then judged nothing."""
+    for variants, missing in (
+        ("diff,diff_v2", "without the matched baseline \\(softmax\\)"),
+        ("softmax", "beside the baseline"),
+    ):
+        with pytest.raises(
+            UsageError, match=f"^`variants` {variants}: no claim .* {missing}; .*`allow_unjudged`"
+        ):
+            plan(tmp_path, "--variants", variants)
+    assert plan(tmp_path, "--variants", "diff,diff_v2", "--allow-unjudged").variants
+    # A comparison grown by variants: the folder's earlier report holds the baseline.
+    (tmp_path / "results.json").write_text(
+        json.dumps({"provenance": {"comparison": {"variants": ["diff", "softmax"]}}, "runs": []})
+    )
+    assert [v.spec() for v in plan(tmp_path, "--variants", "diff_v2").variants] == ["diff_v2"]
