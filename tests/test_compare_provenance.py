@@ -18,6 +18,7 @@ from difftransformer.compare import comparison
 from difftransformer.compare.plan import plan_comparison
 from difftransformer.compare.ray.cluster import Cluster
 from difftransformer.compare.variants import parse_variants
+from difftransformer.errors import UsageError
 from difftransformer.train.cli import resolved_preset, training_options
 from test_compare import compare_args, micro_data
 
@@ -63,6 +64,14 @@ def test_a_sweep_counts_every_run_it_trained_and_a_rerun_reuses_them(data, seria
     assert results["provenance"]["runs"] == dict.fromkeys(sorted(sweep), "reused")
     assert "; 0 run(s) trained by this invocation, 4 reused from an earlier one" in again
     assert all(run["reused"] for run in results["runs"])
+    # A finished run whose folder no longer loads is refused in one line naming it, as generate, eval and convert
+    # refuse it (it ended in a traceback: the sweep report's defect 10; Ray's trial reports a UsageError as such).
+    config = tmp_path / "runs" / "micro-diff-lr0.003-seed0" / "config.json"
+    config.write_text(config.read_text().replace('"attention": "diff"', '"attention": "foo"'))
+    with pytest.raises(
+        UsageError, match=r"^`output_dir` '\S*micro-diff-lr0.003-seed0': cannot load the model: "
+    ):
+        compare_into(data, tmp_path, learning_rates=[1e-3, 3e-3])
 
 
 @pytest.mark.slow  # three comparisons; tests/test_compare_history.py covers both halves on planted runs

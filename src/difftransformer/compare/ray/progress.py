@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -11,15 +12,22 @@ from ray.tune.progress_reporter import TrialProgressCallback
 from tqdm.auto import tqdm
 
 if TYPE_CHECKING:
+    from typing import TextIO
+
     from difftransformer.compare.ray.grid import GridRun
+
+# Seconds between two plain progress lines while no run starts or ends (output that is not a terminal: a log).
+PLAIN_EVERY = 60.0
 
 
 class GridProgress(TrialProgressCallback):
     """One line for the whole grid: runs done, running and waiting, and the time left, estimated from the training
     steps the runs have made since the grid started; a run started again after its worker died is said once.
-    Tune's own per-trial printer is a :class:`TrialProgressCallback` too, which this one replaces."""
+    On a terminal the line is redrawn in place; elsewhere (a log file, a pipe) it is written as plain lines, one
+    when a run starts or ends and otherwise one every :data:`PLAIN_EVERY` seconds. Tune's own per-trial printer is a
+    :class:`TrialProgressCallback` too, which this one replaces."""
 
-    def __init__(self, runs: Sequence[GridRun], desc: str) -> None:
+    def __init__(self, runs: Sequence[GridRun], desc: str, stream: TextIO | None = None) -> None:
         super().__init__()
         self.runs = runs
         self.start = time.monotonic()
@@ -28,12 +36,19 @@ class GridProgress(TrialProgressCallback):
         self.running: set[int] = set()
         self.done: set[int] = set()
         self.desc = desc
-        self.bar = tqdm(total=len(runs), bar_format="{desc}")
+        self.stream = stream or sys.stderr
+        self.bar = (
+            tqdm(total=len(runs), bar_format="{desc}", file=self.stream) if self.stream.isatty() else None
+        )
+        self.said: tuple[tuple[int, int] | None, float] = (
+            None,
+            0.0,
+        )  # the last plain line's counts, and when
         self._show()
 
     def __getstate__(self) -> dict:
-        """Tune pickles its callbacks with the experiment's state; the bar (an open stream) stays here."""
-        return {key: value for key, value in self.__dict__.items() if key != "bar"}
+        """Tune pickles its callbacks with the experiment's state; the stream and the bar stay here."""
+        return {key: value for key, value in self.__dict__.items() if key not in ("bar", "stream")}
 
     def _index(self, trial) -> int:
         return trial.config["run"]
@@ -80,10 +95,18 @@ class GridProgress(TrialProgressCallback):
     def _show(self) -> None:
         waiting = len(self.runs) - len(self.done) - len(self.running)
         elapsed = time.strftime("%H:%M:%S", time.gmtime(time.monotonic() - self.start))
-        self.bar.set_description_str(
+        text = (
             f"{self.desc}: {len(self.done)}/{len(self.runs)} runs done, {len(self.running)} running, {waiting} "
             f"waiting; {elapsed} elapsed, about {self._time_left()} left"
         )
+        if self.bar is not None:
+            self.bar.set_description_str(text)
+            return
+        counts, now = (len(self.done), len(self.running)), time.monotonic()
+        if counts != self.said[0] or now - self.said[1] >= PLAIN_EVERY:
+            print(text, file=self.stream, flush=True)
+            self.said = (counts, now)
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
