@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code be51da110a1c9d4f; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code a8cef2d5b33d1818; change the package, not this file.
 """The Differential Transformer (DIFF V1, DIFF V2), the kinds compared with it (GDA, gated attention) and the
 matched softmax Transformer as transformers models: every operator, layer and model class they run,
 generated from the package's sources named below."""
@@ -6,17 +6,14 @@ generated from the package's sources named below."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import hashlib
 import json
 import logging
-import math
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -30,14 +27,18 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.conversion_mapping import register_checkpoint_conversion_mapping
 from transformers.core_model_loading import WeightRenaming, WeightTransform
-from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.masking_utils import (
+    create_bidirectional_mask,
+    create_causal_mask,
+    create_sliding_window_causal_mask,
+)
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import can_return_tuple
 
-from .configuration_difftransformer import DiffTransformerConfig
+from .configuration_difftransformer import FULL, LAMBDA_RENAMINGS, SLIDING, DiffTransformerConfig
 
 
 # ---- difftransformer/ops/common.py -----------------------------------------------------------------------
@@ -47,10 +48,20 @@ from .configuration_difftransformer import DiffTransformerConfig
 # q (B, h, T, 2d) with Q1 in ``[..., :d]`` and Q2 in ``[..., d:]``; k (B, h_kv, S, 2d) likewise with K1 | K2;
 # v (B, h_kv, S, 2d). Head i reads KV group i // (h / h_kv). q, k and v are plain views of the projections'
 # outputs, and a KV cache stores k and v with the same head count and width, as for a standard attention.
+#
+# lambda, the second map's weight, is the layer's scalar (a float, or a 0-d tensor that keeps its gradient), or one a
+# head and query: a (B or 1, h, T, 1) tensor (the per-token lambda of layers/parts.py), which every PyTorch backend
+# takes and the C++ kernels and the blocked path do not (:func:`per_token`).
+def per_token(lambda_full: torch.Tensor | float) -> bool:
+    """Whether lambda is one a head and query (a tensor with dims), not the layer's scalar."""
+    return isinstance(lambda_full, torch.Tensor) and lambda_full.dim() > 0
+
+
 def check_diff_inputs(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lambda_full: torch.Tensor | float = 0.0
 ) -> tuple[int, int, int, int, int, int]:
-    """Validate the paired layout and return ``(batch, heads, kv_heads, q_len, kv_len, d)``."""
+    """Validate the paired layout (and a per-token ``lambda_full``'s shape) and return
+    ``(batch, heads, kv_heads, q_len, kv_len, d)``."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
             f"q, k, v must be 4-D (batch, heads, seq, 2d); got q {tuple(q.shape)}, k {tuple(k.shape)}, "
@@ -70,6 +81,14 @@ def check_diff_inputs(
         raise ValueError(f"differential heads ({heads}) must be a multiple of KV heads ({kv_heads})")
     if q_len > kv_len:
         raise ValueError(f"query length ({q_len}) cannot exceed key length ({kv_len})")
+    if per_token(lambda_full) and (
+        lambda_full.dim() != 4
+        or lambda_full.shape[0] not in (1, batch)
+        or lambda_full.shape[1:] != (heads, q_len, 1)
+    ):
+        raise ValueError(
+            f"a per-token lambda must be ({batch} or 1, {heads}, {q_len}, 1); got {tuple(lambda_full.shape)}"
+        )
     return batch, heads, kv_heads, q_len, kv_len, width // 2
 
 
@@ -169,10 +188,10 @@ def diff_attention_decode(
     Args:
         q: (B, h, T, 2d) with T small (a decode step or a short block of queries).
         k, v: (B, h_kv, S, 2d), typically a KV cache, read in place.
-        lambda_full: scalar lambda.
+        lambda_full: the scalar lambda, or per token (B or 1, h, T, 1).
         causal, attn_mask, scale: as for the reference (causal aligned bottom-right).
     """
-    batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v)
+    batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v, lambda_full)
     n_rep = heads // kv_heads
     scale = head_dim**-0.5 if scale is None else scale
     select = _selector(q.dtype, q.device, scale)
@@ -186,6 +205,8 @@ def diff_attention_decode(
     ).reshape(batch, kv_heads, 2, n_rep, q_len, 2 * head_dim)  # SDPA may return any layout
     if isinstance(lambda_full, torch.Tensor):
         lambda_full = lambda_full.to(out.dtype)
+    if per_token(lambda_full):  # (B, h, T, 1) as the output's (B, h_kv, n_rep, T, 1)
+        lambda_full = lambda_full.unflatten(1, (kv_heads, n_rep))
     return (out[:, :, 0] - lambda_full * out[:, :, 1]).reshape(batch, heads, q_len, 2 * head_dim)
 
 
@@ -225,7 +246,7 @@ def diff_attention_flex(
     """
     from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
-    batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v)
+    batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v, lambda_full)
     if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise ValueError(
             "backend 'flex' has no backward on the CPU (FlexAttention, torch 2.13): run it under torch.no_grad() "
@@ -338,7 +359,7 @@ def diff_attention_reference(
         q: (B, h, T, 2d), Q1 | Q2 of each head.
         k: (B, h_kv, S, 2d), K1 | K2 of each KV group; head i reads group i // (h / h_kv).
         v: (B, h_kv, S, 2d).
-        lambda_full: the layer's scalar lambda (a 0-d tensor keeps the gradient).
+        lambda_full: the layer's scalar lambda (a 0-d tensor keeps the gradient), or per token (B or 1, h, T, 1).
         causal: mask keys after each query, aligned bottom-right when T < S.
         attn_mask: bool (True = attend) or additive float mask of shape (B or 1, 1, T, S).
         scale: logit scale, default 1 / sqrt(d).
@@ -350,7 +371,7 @@ def diff_attention_reference(
         (B, h, T, 2d) in q's dtype, and the maps or None. Maps are computed in float32, or float64 for
         float64 inputs.
     """
-    batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v)
+    batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v, lambda_full)
     n_rep = heads // kv_heads
     scale = head_dim**-0.5 if scale is None else scale
     compute_dtype = torch.promote_types(q.dtype, torch.float32)
@@ -442,7 +463,7 @@ def diff_attention_sdpa(
     scale: float | None = None,
 ) -> torch.Tensor:
     """Same contract as :func:`diff_attention_reference`, without maps: returns (B, h, T, 2d)."""
-    batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v)
+    batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v, lambda_full)
     # Component maps as 2h ordinary heads, first all Q1 then all Q2 (and K1s then K2s): SDPA's GQA rule
     # (query head j reads KV head j // n_rep) then pairs Q1 of head i with K1 of its group, Q2 with K2.
     q_maps = torch.cat([q[..., :head_dim], q[..., head_dim:]], dim=1)
@@ -544,9 +565,11 @@ def choose_backend(
     attn_mask: torch.Tensor | None = None,
     backend: Backend = "auto",
     implementation: str | None = None,
+    lambda_per_token: bool = False,
 ) -> str:
     """The kernel that runs for q (B, h, T, 2d) and k (B, h_kv, S, 2d): a name from :data:`BACKENDS` (not "auto"),
-    or "decode_cpu" (the C++ decode step).
+    or "decode_cpu" (the C++ decode step). ``lambda_per_token``: lambda is one a head and query, which the C++
+    kernels and the blocked path do not take (they hold one scalar); "auto" then picks "decode" or "sdpa".
 
     ``implementation`` (transformers' ``attn_implementation``) comes first: "eager" and "paged|eager" run the
     reference, "flex_attention" FlexAttention, "sdpa" or None ``backend``; any other is refused
@@ -567,9 +590,13 @@ def choose_backend(
     backend = IMPLEMENTATIONS[implementation or "sdpa"] or backend
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
+    if lambda_per_token and backend in ("blocked", "fused_cpu"):
+        raise ValueError(f"backend {backend!r} takes one scalar lambda a layer; got a per-token lambda")
     if backend == "auto":
         if q.shape[-2] <= DECODE_MAX_QUERIES:
             backend = "decode"
+        elif lambda_per_token:
+            return "sdpa"
         elif _native_applies(q, attn_mask):
             return "fused_cpu"
         elif (
@@ -581,7 +608,12 @@ def choose_backend(
             return "blocked"
         else:
             return "sdpa"
-    if backend == "decode" and not torch.is_grad_enabled() and _native_applies(q, attn_mask):
+    if (
+        backend == "decode"
+        and not torch.is_grad_enabled()
+        and not lambda_per_token
+        and _native_applies(q, attn_mask)
+    ):
         return "decode_cpu"
     if backend == "blocked" and diff_attention_blocked is None:
         raise ValueError(
@@ -617,7 +649,8 @@ def diff_attention(
         q: (B, h, T, 2d), Q1 | Q2 of each head.
         k: (B, h_kv, S, 2d), K1 | K2 of each KV group.
         v: (B, h_kv, S, 2d).
-        lambda_full: scalar lambda of the layer (a 0-d tensor keeps the gradient; a float at inference).
+        lambda_full: scalar lambda of the layer (a 0-d tensor keeps the gradient; a float at inference), or one a
+            head and query (B or 1, h, T, 1) (the per-token lambda; the PyTorch kernels take it).
         causal: causal mask, aligned bottom-right when T < S (KV cache).
         attn_mask: bool (True = attend) or additive float, broadcastable to (B, 1, T, S); for "flex" also a
             FlexAttention ``BlockMask`` (transformers' masks for ``attn_implementation="flex_attention"``).
@@ -634,7 +667,7 @@ def diff_attention(
     Returns:
         (B, h, T, 2d): head i's output ``(A1 - lambda A2) V_g``.
     """
-    kernel = choose_backend(q, k, attn_mask, backend, implementation)
+    kernel = choose_backend(q, k, attn_mask, backend, implementation, per_token(lambda_full))
     if kernel == "decode_cpu":  # the one kernel that fuses the rotation; choose_backend saw grad mode off
         return cpu_kernels_for(q).decode(q, k, v, lambda_full, causal, scale, rotary)
     if rotary is not None:
@@ -816,6 +849,22 @@ def attention_logits_hook(model: nn.Module, hook: LogitsHook) -> Iterator[list[n
             config._attn_implementation = implementation
 
 
+# ---- difftransformer/layers/mlp.py -----------------------------------------------------------------------
+# SwiGLU feed-forward block, with Llama's parameter names.
+class SwiGLU(nn.Module):
+    """``down_proj(silu(gate_proj(x)) * up_proj(x))``, no biases; x: (..., hidden) -> (..., hidden)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., hidden) -> (..., hidden)."""
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
 # ---- difftransformer/layers/norm.py ----------------------------------------------------------------------
 # RMSNorm, as in Llama: normalise in float32, cast back, then scale by an optional learnable gain.
 class RMSNorm(nn.Module):
@@ -845,16 +894,19 @@ class RMSNorm(nn.Module):
         return f"{self.dim}, eps={self.eps}, elementwise_affine={self.weight is not None}"
 
 
-# ---- difftransformer/layers/diff_attention.py ------------------------------------------------------------
-# DIFF V1 attention (paper section 2.1): two softmax maps per head, subtracted, normalised per head.
-SublnMode = Literal["affine", "plain", "none"]
-
-
-SUBLN_MODES: tuple[str, ...] = ("affine", "plain", "none")
-
-
+# ---- difftransformer/layers/parts_attention.py -----------------------------------------------------------
+# What an attention layer of either map layout builds from its parts (layers/parts.py): the rows of its query
+# projection, the noise map's weight, the per-head norm and the output gate. The layouts themselves
+# (:mod:`~difftransformer.layers.split_heads`, :mod:`~difftransformer.layers.whole_heads`) form the maps.
+#
+# q_proj's rows come in groups, one a noise map: the group's G signal query blocks (d rows each), its noise query
+# block (d rows), then with the output gate its G signal heads' gate blocks (a head's output width each: 2d split, d
+# whole). Without noise maps a group is one head: its query block, then its gate block. So DIFF V1's q_proj is
+# Q1 | Q2 a head (the authors' layout), GDA's is Motif's (G signal sub-heads, then the noise one), DIFF V2's holds
+# adjacent query-head pairs and gated attention's holds each head's query then its gate (transformers'
+# ``Qwen3NextAttention``), and folders of every kind keep loading as they were saved.
 class LambdaVectors(nn.Module):
-    """The four lambda vectors of a DIFF V1 layer, d entries each, kept in float32 whatever the model's dtype.
+    """The scalar lambda's four vectors, d entries each, kept in float32 whatever the model's dtype.
 
     A module of their own, so that the float32-kept parameters form their own group wherever parameters are
     grouped by owning module (FSDP2 needs one dtype per group; transformers gives ``_keep_in_fp32_modules``
@@ -886,574 +938,92 @@ class LambdaVectors(nn.Module):
         return lambda_full(self.q1, self.k1, self.q2, self.k2, lambda_init)
 
 
-class DiffAttention(nn.Module):
-    """Multi-head differential attention with GQA and a KV cache (Ye et al., arXiv 2410.05258, §2.1: Eq. 1 the two
-    maps and their difference, Eq. 2 lambda, Eq. 3 the per-head norm and the (1 - lambda_init) scale).
+class PartsAttention(nn.Module):
+    """The parts both map layouts share, built from the configuration's resolved parts (``config.parts``).
 
-    Projections have the matched Transformer's shapes: q d_model -> 2h*d, k and v d_model -> 2h_kv*d,
-    o 2h*d -> d_model. Their outputs are read in the paired layout of :mod:`difftransformer.ops.common`
-    (head i's Q1 | Q2 are q columns [2i d, (2i+2) d)): each differential head is ``head_dim`` = 2d wide, as
-    its value and its cache entries are, and each of its maps reads ``map_head_dim`` = d of it. Head counts are
-    read from the projections' outputs, so a tensor-parallel shard of the projections runs as it is. The queries
-    come from :meth:`queries`, the one step grouped differential attention changes.
+    Attributes a layout reads: ``heads`` (h signal heads), ``ratio`` (G; 1 without noise maps), ``groups`` (n,
+    one a noise map, or h without noise maps), ``map_head_dim`` (d), ``width`` (a head's output: 2d split, d whole),
+    ``lambda_vectors`` or ``lambda_proj`` (the noise map's weight), ``subln`` (the per-head norm or None),
+    ``out_scale`` (1 - lambda_init with the scalar lambda, else 1), ``sliding_window`` (this layer's window or None).
 
     Args:
-        config: the model's configuration: ``hidden_size``, ``num_attention_heads`` (h, half the matched
-            Transformer's), ``num_key_value_heads`` (h_kv), ``head_dim`` (2d; an upcycled model's heads are
-            wider than hidden_size / h), ``noise_heads`` (h: one second map a head), ``lambda_init`` ("depth" or a
-            constant), ``lambda_std``, ``subln`` (per-head RMSNorm with a gain "affine", without "plain", or none
-            "none"), ``subln_eps``, ``rope_style``, ``causal``, ``attention_backend``; ``_attn_implementation``
-            picks the operator backend (:func:`~difftransformer.ops.choose_backend`) at each call.
-        layer_idx: 0-based depth, for lambda_init and the cache.
+        config: the model's configuration (k_proj and v_proj hold ``num_key_value_heads`` x ``head_dim`` rows).
+        layer_idx: 0-based depth: the scalar lambda's lambda_init, this layer's window and its cache slot.
+        width: a head's output width.
     """
 
-    def __init__(self, config: PreTrainedConfig, layer_idx: int) -> None:
+    def __init__(self, config: PreTrainedConfig, layer_idx: int, width: int) -> None:
         super().__init__()
-        self.config, self.layer_idx = config, layer_idx
-        self.head_dim = config.head_dim
-        self.map_head_dim = self.head_dim // 2
-        self.lambda_init = config.layer_lambda_init(layer_idx)
-        self.out_scale = 1.0 - self.lambda_init  # the paper's fixed output scale, after the per-head norm
+        self.config, self.layer_idx, self.parts = config, layer_idx, config.parts
         self.rope_style, self.is_causal = config.rope_style, config.causal
         self.logits_hook: LogitsHook | None = None
-
-        hidden, width = config.hidden_size, self.head_dim
-        query_maps = config.num_attention_heads + config.noise_heads
-        self.q_proj = nn.Linear(hidden, query_maps * self.map_head_dim, bias=False)
-        self.k_proj = nn.Linear(hidden, config.num_key_value_heads * width, bias=False)
-        self.v_proj = nn.Linear(hidden, config.num_key_value_heads * width, bias=False)
-        self.o_proj = nn.Linear(config.num_attention_heads * width, hidden, bias=False)
-        self.lambda_vectors = LambdaVectors(self.map_head_dim, config.lambda_std)
+        self.map_head_dim, self.width = config.map_head_dim, width
+        self.heads = config.num_attention_heads
+        self.ratio = self.parts.noise_ratio or 1
+        self.groups = self.heads // self.ratio
+        self.sliding_window = config.sliding_window if self.parts.windowed(layer_idx) else None
+        blocks = self.ratio + (1 if self.parts.differential else 0)  # a group's query blocks
+        gate = self.ratio * width if self.parts.gate == "elementwise" else 0
+        hidden, kv_rows = config.hidden_size, config.num_key_value_heads * config.head_dim
+        # Registered in the order earlier versions had, so a seed gives the same initial weights.
+        self.q_proj = nn.Linear(hidden, self.groups * (blocks * self.map_head_dim + gate), bias=False)
+        self.k_proj = nn.Linear(hidden, kv_rows, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_rows, bias=False)
+        self.o_proj = nn.Linear(self.heads * width, hidden, bias=False)
+        self.lambda_init = config.layer_lambda_init(layer_idx)
+        if self.parts.lambda_mode == "scalar":
+            self.lambda_vectors = LambdaVectors(self.map_head_dim, config.lambda_std)
+        elif self.parts.lambda_mode == "token":
+            self.lambda_proj = nn.Linear(config.hidden_size, self.heads, bias=False)
+        # the paper's fixed output scale (Eq. 3) belongs to the scalar lambda's lambda_init
+        self.out_scale = 1.0 - self.lambda_init if self.parts.lambda_mode == "scalar" else 1.0
         self.subln = (
             None
-            if config.subln == "none"
-            else RMSNorm(width, eps=config.subln_eps, elementwise_affine=config.subln == "affine")
+            if self.parts.norm == "none"
+            else RMSNorm(width, eps=config.subln_eps, elementwise_affine=self.parts.norm == "affine")
         )
-        self.reset_parameters()
+
+    def query_groups(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """q_proj's output as its groups: the query blocks (B, T, n, blocks, d) (G signal, then the noise one) and
+        the gate blocks (B, T, n, G, width), or None without the gate. Views, no copies."""
+        batch, q_len, _ = hidden_states.shape
+        groups = self.q_proj(hidden_states).view(batch, q_len, self.groups, -1)
+        if self.parts.gate == "none":
+            return groups.unflatten(-1, (-1, self.map_head_dim)), None
+        queries, gate = groups.split(
+            [groups.shape[-1] - self.ratio * self.width, self.ratio * self.width], -1
+        )
+        return queries.unflatten(-1, (-1, self.map_head_dim)), gate.unflatten(-1, (self.ratio, self.width))
+
+    def lambda_full(self) -> torch.Tensor | float:
+        """The scalar lambda: exp(q1.k1) - exp(q2.k2) + lambda_init, not clamped."""
+        return self.lambda_vectors(self.lambda_init)
+
+    def noise_weight(self, hidden_states: torch.Tensor) -> torch.Tensor | float:
+        """The noise map's weight: the layer's scalar lambda, or sigmoid(lambda_proj(x)) (B, T, h) in float32 or
+        wider (Ye et al. 2026; Motif keeps it in float32 too: the sigmoid is sensitive near 0)."""
+        if self.parts.lambda_mode == "scalar":
+            return self.lambda_full()
+        lambdas = self.lambda_proj(hidden_states)
+        return torch.sigmoid(lambdas.to(torch.promote_types(lambdas.dtype, torch.float32)))
+
+    def finish(self, out: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+        """Heads' outputs (B, T, h, width) -> the layer's output (B, T, d_model): the per-head norm and the scale,
+        the gate's sigmoid, the output projection."""
+        if self.subln is not None:
+            out = self.subln(out, self.out_scale)
+        elif self.out_scale != 1.0:
+            out = out * self.out_scale
+        if gate is not None:
+            gate = gate.reshape(out.shape)
+            out = out * torch.sigmoid(gate.to(torch.promote_types(gate.dtype, torch.float32))).to(out.dtype)
+        return self.o_proj(out.flatten(-2))
 
     def reset_parameters(self) -> None:
         """Projections as nn.Linear initialises them, lambda vectors Normal(0, lambda_std), gain ones."""
-        for proj in (self.q_proj, self.k_proj, self.v_proj, self.o_proj):
-            proj.reset_parameters()
-        self.lambda_vectors.reset_parameters()
-        if self.subln is not None:
-            self.subln.reset_parameters()
-
-    def lambda_full(self) -> torch.Tensor | float:
-        """The layer's scalar lambda: exp(q1.k1) - exp(q2.k2) + lambda_init, not clamped."""
-        return self.lambda_vectors(self.lambda_init)
-
-    def queries(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """q (B, h, T, 2d) in the paired layout, unrotated: head i's Q1 | Q2, a view of q_proj's output."""
-        batch, q_len, _ = hidden_states.shape
-        return self.q_proj(hidden_states).view(batch, q_len, -1, self.head_dim).transpose(1, 2)
-
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        output_attentions: bool = False,
-        output_component_maps: bool = False,
-        **kwargs,
-    ) -> tuple[torch.Tensor, torch.Tensor | tuple[torch.Tensor, ...] | None]:
-        """
-        Args:
-            hidden_states: (B, T, d_model).
-            position_embeddings: cos, sin of shape (B, T, d/2).
-            attention_mask: the mask transformers' ``masking_utils`` builds for the implementation: bool or
-                additive (B or 1, 1, T, S), a FlexAttention ``BlockMask``, or None for causal (full if not causal).
-            past_key_values: a transformers Cache; stores k and v as (B, h_kv, S, 2d). In continuous batching the
-                paged cache comes as the keyword ``cache`` with its indices, as transformers' attention functions
-                take it.
-            output_attentions: return the combined map A1 - lambda A2, (B, h, T, S).
-            output_component_maps: return (combined, A1, A2) instead.
-
-        Returns:
-            (B, T, d_model), and the maps or None. Maps and a logits hook take the materialized reference.
-        """
-        batch, q_len, _ = hidden_states.shape
-        cos, sin = position_embeddings
-        # q goes to the operator unrotated with its rotary embedding (the C++ decode step rotates it in the kernel);
-        # k is rotated before the cache, in the projection's (B, T, sub-heads, d) layout, each of K1, K2 a sub-head.
-        q = self.queries(hidden_states)  # Q1 | Q2 per head
-        k = self.k_proj(hidden_states).view(batch, q_len, -1, self.map_head_dim)
-        k = apply_rotary(k, cos.unsqueeze(2), sin.unsqueeze(2), self.rope_style)
-        k = k.view(batch, q_len, -1, self.head_dim).transpose(1, 2)  # K1 | K2 per KV head
-        v = self.v_proj(hidden_states).view(batch, q_len, -1, self.head_dim).transpose(1, 2)
-        if past_key_values is not None:
-            k, v = past_key_values.update(k, v, self.layer_idx)
-        elif kwargs.get("cache") is not None:  # continuous batching's paged cache
-            k, v = kwargs["cache"].update(k, v, self.layer_idx, kwargs)
-
-        if attention_mask is None and self.is_causal and 1 < q_len < k.shape[2]:
-            # No mask with more keys than queries: the queries fill a static cache from its first slot (transformers
-            # leaves the mask out only then), which SDPA reads as causal from the top left; the operators align
-            # causal masks bottom-right, which over the first q_len keys is the same.
-            k, v = k[:, :, :q_len], v[:, :, :q_len]
-        rotary = QueryRotary(cos, sin, self.rope_style)
-        causal = self.is_causal and attention_mask is None
-        maps = None
-        if output_attentions or output_component_maps or self.logits_hook is not None:
-            hook = None if self.logits_hook is None else partial(self.logits_hook, self)
-            out, maps = diff_attention_reference(
-                rotate_queries(q, rotary), k, v, self.lambda_full(), causal=causal, attn_mask=attention_mask,
-                logits_hook=hook, return_maps=output_attentions or output_component_maps,
-            )  # fmt: skip
-        else:
-            out = diff_attention(
-                q, k, v, self.lambda_full(), causal=causal, attn_mask=attention_mask, rotary=rotary,
-                backend=self.config.attention_backend, implementation=self.config._attn_implementation,
-            )  # fmt: skip
-        out = out * self.out_scale if self.subln is None else self.subln(out, self.out_scale)
-        out = self.o_proj(out.transpose(1, 2).reshape(batch, q_len, -1))
-        if output_component_maps:
-            return out, maps
-        return out, maps[0] if maps is not None else None
-
-
-# ---- difftransformer/layers/softmax_attention.py ---------------------------------------------------------
-# The matched baseline's multi-head softmax attention (GQA, rotary, KV cache), dispatched as Llama's is: one call
-# to the implementation ``config._attn_implementation`` names in transformers' attention interface (sdpa, flash
-# attention, flex attention, the paged implementations of continuous batching, a kernel registered with
-# ``AttentionInterface``), and, for "eager", the materialized attention below.
-def eager_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``attn_implementation="eager"``: the materialized map, computed in float32 (float64 for float64 inputs),
-    with ``module.logits_hook`` (if set) on the scaled logits. query (B, H, T, d), key and value (B, H_kv, S, d),
-    attention_mask bool or additive (B or 1, 1, T, S), or None for the module's causal (bottom-right) or full
-    attention. Returns the output (B, T, H, d) and the map (B, H, T, S), as transformers' implementations do.
-    Other keywords (``dropout``: these models have none) are ignored."""
-    hook = None if module.logits_hook is None else partial(module.logits_hook, module)
-    out, probs = softmax_attention_reference(
-        query,
-        key,
-        value,
-        causal=module.is_causal and attention_mask is None,
-        attn_mask=attention_mask,
-        scale=scaling,
-        logits_hook=hook,
-    )
-    return out.transpose(1, 2), probs
-
-
-class SoftmaxAttention(nn.Module):
-    """Llama-style attention over ``num_attention_heads`` heads of width ``head_dim``.
-
-    The kinds built on it (DIFF V2, gated attention) say how many d-wide row blocks their ``q_proj`` holds per head
-    (:attr:`q_blocks_per_head`) and how many of those are query heads of the one attention call
-    (:attr:`query_heads_per_head`); k_proj, v_proj and o_proj are the baseline's.
-
-    Args:
-        config: the model's configuration (``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``,
-            ``head_dim``, ``rope_style``, ``causal``); its ``_attn_implementation`` picks the attention function at
-            each call, as in transformers' models.
-        layer_idx: 0-based depth, the layer's slot in the KV cache.
-    """
-
-    #: q_proj's d-wide row blocks per head: the head's query heads, then any gate
-    q_blocks_per_head = 1
-    #: query heads per head in the attention call
-    query_heads_per_head = 1
-
-    def __init__(self, config: PreTrainedConfig, layer_idx: int) -> None:
-        super().__init__()
-        self.config, self.layer_idx = config, layer_idx
-        self.head_dim = config.head_dim
-        self.scaling = self.head_dim**-0.5
-        self.rope_style, self.is_causal = config.rope_style, config.causal
-        heads = config.num_attention_heads
-        self.num_key_value_groups = self.query_heads_per_head * heads // config.num_key_value_heads
-        self.logits_hook: LogitsHook | None = None
-        hidden, width = config.hidden_size, config.head_dim
-        self.q_proj = nn.Linear(hidden, self.q_blocks_per_head * heads * width, bias=False)
-        self.k_proj = nn.Linear(hidden, config.num_key_value_heads * width, bias=False)
-        self.v_proj = nn.Linear(hidden, config.num_key_value_heads * width, bias=False)
-        self.o_proj = nn.Linear(heads * width, hidden, bias=False)
-
-    def project(
-        self,
-        hidden_states: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        queries: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Project and rotate: q (B, H_q, T, d), k and v (B, H_kv, T, d). ``queries`` (B, T, H_q, d) are q_proj's
-        query heads where a kind reads more than queries from it (the gate); by default all of q_proj."""
-        batch, q_len, _ = hidden_states.shape
-        if queries is None:
-            queries = self.q_proj(hidden_states).view(batch, q_len, -1, self.head_dim)
-        k = self.k_proj(hidden_states).view(batch, q_len, -1, self.head_dim)
-        v = self.v_proj(hidden_states).view(batch, q_len, -1, self.head_dim)
-        cos, sin = position_embeddings[0].unsqueeze(2), position_embeddings[1].unsqueeze(2)
-        q = apply_rotary(queries, cos, sin, self.rope_style)
-        k = apply_rotary(k, cos, sin, self.rope_style)
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-
-    def attend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        output_attentions: bool,
-        **kwargs,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The one attention call: (B, T, H_q, d) and the map (B, H_q, T, S) where the implementation gives one.
-        Maps are asked of the eager implementation, whatever the configured one (they are what it computes)."""
-        implementation = "eager" if output_attentions else self.config._attn_implementation
-        attention = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-        return attention(self, q, k, v, attention_mask, scaling=self.scaling, dropout=0.0, **kwargs)
-
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        output_attentions: bool = False,
-        **kwargs,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states (B, T, d_model) -> (B, T, d_model), and the map (B, H, T, S) with ``output_attentions``.
-        ``attention_mask`` is the mask transformers' ``masking_utils`` builds for the implementation; other keywords
-        (a paged cache and its indices in continuous batching) go to the attention function."""
-        q, k, v = self.project(hidden_states, position_embeddings)
-        if past_key_values is not None:
-            k, v = past_key_values.update(k, v, self.layer_idx)
-        out, probs = self.attend(q, k, v, attention_mask, output_attentions, **kwargs)
-        return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1)), probs if output_attentions else None
-
-
-# ---- difftransformer/layers/diff_attention_v2.py ---------------------------------------------------------
-# DIFF V2 attention (the authors' 2026 revision, docs/architecture.md): 2h query heads over the baseline's K/V in
-# one standard attention call, paired by a per-token sigmoid lambda.
-class DiffAttentionV2(SoftmaxAttention):
-    """Head i's output is ``attn_{2i} - sigmoid(lambda_i(x)) * attn_{2i+1}``.
-
-    k_proj and v_proj are the baseline's (h_kv heads of width d = ``head_dim``); q_proj yields 2h heads, which go
-    through the configured attention implementation as one ordinary GQA call (2h / h_kv query heads a KV head);
-    ``lambda_proj`` (d_model -> h, no bias) gives lambda per token and head. Query heads 2i and 2i+1 always fall in
-    the same GQA group (2h / h_kv is even), so both maps read the same K and V. No per-head norm and no lambda_init.
-    Extra parameters over the baseline: q_proj's h*d*d_model more rows plus lambda_proj's h*d_model, i.e.
-    d_model * h * (d + 1) per layer.
-    """
-
-    q_blocks_per_head = 2
-    query_heads_per_head = 2
-
-    def __init__(self, config: PreTrainedConfig, layer_idx: int) -> None:
-        super().__init__(config, layer_idx)
-        self.lambda_proj = nn.Linear(config.hidden_size, config.num_attention_heads, bias=False)
-
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        output_attentions: bool = False,
-        output_component_maps: bool = False,
-        **kwargs,
-    ) -> tuple[torch.Tensor, torch.Tensor | tuple[torch.Tensor, ...] | None]:
-        """hidden_states (B, T, d_model) -> (B, T, d_model), and the combined map (B, h, T, S) or None;
-        with ``output_component_maps``, (combined, A_{2i}, A_{2i+1}) each (B, h, T, S). Returned maps are the
-        ones the output is computed from (so gradients reach them)."""
-        q, k, v = self.project(hidden_states, position_embeddings)
-        if past_key_values is not None:
-            k, v = past_key_values.update(k, v, self.layer_idx)
-        maps = output_attentions or output_component_maps
-        out, probs = self.attend(q, k, v, attention_mask, maps, **kwargs)  # (B, T, 2h, d)
-        lambdas = self.lambda_proj(hidden_states)  # (B, T, h)
-        gate = torch.sigmoid(lambdas.to(torch.promote_types(lambdas.dtype, torch.float32)))
-        if maps:
-            first, second = probs.unflatten(1, (-1, 2)).unbind(2)  # (B, h, T, S) each
-            combined = first - gate.transpose(1, 2).unsqueeze(-1).to(probs.dtype) * second
-            # the pair's GQA group: head i reads KV head i // (h / h_kv)
-            values = v.to(combined.dtype).repeat_interleave(combined.shape[1] // v.shape[1], dim=1)
-            out = (combined @ values).transpose(1, 2).to(q.dtype)  # (B, T, h, d)
-        else:
-            pairs = out.unflatten(2, (-1, 2))  # (B, T, h, 2, d)
-            out = pairs[:, :, :, 0] - gate.unsqueeze(-1).to(out.dtype) * pairs[:, :, :, 1]
-        out = self.o_proj(out.reshape(*hidden_states.shape[:-1], -1))
-        if not maps:
-            return out, None
-        return out, (combined, first, second) if output_component_maps else combined
-
-
-# ---- difftransformer/layers/gated_attention.py -----------------------------------------------------------
-# Gated attention (Qiu et al., "Gated Attention for Large Language Models: Non-linearity, Sparsity, and
-# Attention-Sink-Free", NeurIPS 2025, arXiv 2505.06708): softmax attention whose output is multiplied, head by head
-# and element by element, by a sigmoid gate of the layer's input, before the output projection.
-class GatedAttention(SoftmaxAttention):
-    """The baseline's attention with the paper's best gate: position G1 (the SDPA output, before o_proj), head-specific,
-    elementwise, multiplicative, sigmoid (§2.2, Eq. 5: Y' = Y * sigmoid(X W_theta), X the normalised input of the
-    layer):
-
-        out = o_proj(concat_i(attn_i(x) * sigmoid(x W_gate_i))), W_gate_i d_model -> d.
-
-    q_proj holds, head by head, the query (d rows) then the gate (d rows): the layout of transformers'
-    ``Qwen3NextAttention``, whose q_proj "produces the query and the gate", so its weights load as they are. That
-    module also normalises q and k per head and rotates a quarter of each head; this one keeps the matched baseline's
-    queries and keys (full-width rotation, no norm), so that the gate is the only difference to the baseline.
-    Extra parameters over the baseline: the gate's h * d * d_model rows of q_proj a layer.
-    """
-
-    q_blocks_per_head = 2
-
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        output_attentions: bool = False,
-        **kwargs,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states (B, T, d_model) -> (B, T, d_model), and the softmax map (B, h, T, S) with
-        ``output_attentions`` (the gate scales the heads' outputs, not the map)."""
-        batch, q_len, _ = hidden_states.shape
-        queries, gate = self.q_proj(hidden_states).view(batch, q_len, -1, 2 * self.head_dim).chunk(2, dim=-1)
-        q, k, v = self.project(hidden_states, position_embeddings, queries)
-        if past_key_values is not None:
-            k, v = past_key_values.update(k, v, self.layer_idx)
-        out, probs = self.attend(q, k, v, attention_mask, output_attentions, **kwargs)  # (B, T, h, d)
-        gate = torch.sigmoid(gate.to(torch.promote_types(gate.dtype, torch.float32))).to(out.dtype)
-        out = self.o_proj((out * gate).reshape(batch, q_len, -1))
-        return out, probs if output_attentions else None
-
-
-# ---- difftransformer/layers/grouped_diff_attention.py ----------------------------------------------------
-# Grouped differential attention (GDA; Lim et al., "Grouped Differential Attention", arXiv 2510.06949, §2.2): DIFF
-# V1 with more heads for the signal maps than for the noise maps, each noise map shared by a group of signal heads as
-# GQA shares keys.
-class GroupedDiffAttention(DiffAttention):
-    """DIFF V1's attention with h signal heads and n = h / G noise maps, G = ``gda_ratio``.
-
-    q_proj's output is n groups of G signal sub-heads then one noise sub-head, each d wide (group j: Q1 of heads
-    jG ... jG + G - 1, then Q2_j; the layout of Motif's GDA models), so at G = 1 it is DIFF V1's adjacent Q1 | Q2
-    layout and the module computes DIFF V1 on the same weights. Signal head s subtracts noise map s // G (the GDA
-    paper's controlled repetition of the noise heads), with the KV group g = s // (h / h_kv) of both:
-
-        head_s = (softmax(Q1_s K1_g^T / sqrt(d)) - lambda softmax(Q2_{s // G} K2_g^T / sqrt(d))) V_g,
-
-    then, as in DIFF V1 (Ye et al., arXiv 2410.05258, Eq. 1-3), one scalar lambda a layer, the per-head norm over the
-    2d features and the (1 - lambda_init) scale; o_proj reads h heads of width 2d. The configuration checks that
-    h_kv divides n, so a noise map and its G signal heads read one KV group.
-
-    Every DIFF V1 operator serves it: :meth:`queries` gives the operator the paired layout (Q1_s | Q2_{s // G}, 2d
-    wide a head), so a noise map is formed once for each of its G signal heads (the QK^T work of 2h maps where the
-    paper's kernel forms h + n); the KV cache, the maps returned and the hooks are DIFF V1's.
-    """
-
-    def __init__(self, config: PreTrainedConfig, layer_idx: int) -> None:
-        super().__init__(config, layer_idx)
-        self.noise_ratio = config.gda_ratio
-
-    def queries(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """q (B, h, T, 2d) in the paired layout, unrotated: signal head s's Q1 | its noise map's Q2."""
-        batch, q_len, _ = hidden_states.shape
-        groups = self.q_proj(hidden_states).view(batch, q_len, -1, self.noise_ratio + 1, self.map_head_dim)
-        signal, noise = groups[..., :-1, :], groups[..., -1:, :]
-        return torch.cat((signal, noise.expand_as(signal)), dim=-1).flatten(2, 3).transpose(1, 2)
-
-
-# ---- difftransformer/layers/kinds.py ---------------------------------------------------------------------
-# The attention kinds, each declared once: its layer, its parameter-matching rule against the matched softmax
-# baseline, and the facts every other place reads (the configuration, the models, compare's labels, the presets, the
-# vLLM plugin).
-#
-# A kind is one :class:`AttentionKind` in :data:`KINDS`. The configuration reads :data:`KIND_FACTS`, the plain-data
-# part of the declarations, which the configuration files a saved folder and the vLLM plugin carry hold as a literal
-# (models/remote_code.py writes them; a test checks both against the sources).
-# DIFF V1's and GDA's lambda vectors: the Llama-family names of the paper's code and DiffLlama -> ours (self_attn.).
-LAMBDA_RENAMINGS = {f"lambda_{name}": f"lambda_vectors.{name}" for name in ("q1", "k1", "q2", "k2")}
-
-
-@dataclass(frozen=True)
-class AttentionKind:
-    """One attention kind.
-
-    Args:
-        name: ``config.attention``.
-        label: its name in reports and tables.
-        layer: the attention module, built as ``layer(config, layer_idx)``.
-        match: the parameter-matching rule: ``match(baseline, **fields)`` is this kind's configuration for the
-            matched softmax ``baseline`` (every field but the attention's kept), with this kind's own ``fields``.
-        matching: that rule in words, with the parameters it adds over the baseline.
-        differential_heads: heads of two maps over a 2d-wide value, normalised per head (DIFF V1, GDA): the cache
-            holds 2d-wide entries and the fields ``map_dim``, ``subln``, ``lambda_init``, ``lambda_std`` and
-            ``attention_backend`` apply.
-        fields: configuration fields of this kind alone (any other kind keeps their defaults).
-        tp_plan: tensor-parallel entries beside the baseline's (keys under the base model, as ``base_model_tp_plan``).
-        keep_in_fp32: submodules kept in float32 whatever the model's dtype (``_keep_in_fp32_modules_strict``).
-        renamings: parameter names under ``self_attn.`` in the Llama-family checkpoints of this kind -> ours.
-        serving: the vLLM plugin's attention for it (serving/vllm: ``ATTENTIONS``).
-        maps: what ``output_attentions`` returns: "softmax" (one map a head), "lambda" (A1 - lambda A2, lambda a
-            scalar) or "gate" (A_2i - sigmoid(lambda_i(x)) A_2i+1, per token).
-    """
-
-    name: str
-    label: str
-    layer: type[nn.Module]
-    match: Callable[..., PreTrainedConfig]
-    matching: str
-    differential_heads: bool = False
-    fields: tuple[str, ...] = ()
-    tp_plan: Mapping[str, str] = field(default_factory=dict)
-    keep_in_fp32: tuple[str, ...] = ()
-    renamings: Mapping[str, str] = field(default_factory=dict)
-    serving: str = "softmax"
-    maps: str = "softmax"
-
-    def facts(self) -> dict:
-        """The declaration's plain data (no classes or functions), as the configuration reads it."""
-        return dict(
-            label=self.label,
-            differential_heads=self.differential_heads,
-            fields=self.fields,
-            tp_plan=dict(self.tp_plan),
-            keep_in_fp32=self.keep_in_fp32,
-            renamings=dict(self.renamings),
-            serving=self.serving,
-            maps=self.maps,
-        )
-
-
-def _same_heads(kind: str) -> Callable[..., PreTrainedConfig]:
-    def match(baseline: PreTrainedConfig) -> PreTrainedConfig:
-        return dataclasses.replace(baseline, attention=kind)
-
-    return match
-
-
-def _halved_heads(baseline: PreTrainedConfig) -> PreTrainedConfig:
-    heads, kv_heads = baseline.num_attention_heads, baseline.num_key_value_heads
-    if heads % 2 or kv_heads % 2:
-        raise ValueError(
-            "DIFF V1 halves the baseline's heads and KV heads: num_attention_heads and num_key_value_heads must be "
-            f"even; got {heads} and {kv_heads}"
-        )
-    return dataclasses.replace(
-        baseline, attention="diff", num_attention_heads=heads // 2, num_key_value_heads=kv_heads // 2
-    )
-
-
-def _grouped_heads(baseline: PreTrainedConfig, gda_ratio: int = 1) -> PreTrainedConfig:
-    if not isinstance(gda_ratio, int) or isinstance(gda_ratio, bool) or gda_ratio < 1:
-        raise ValueError(f"gda_ratio must be a positive integer; got {gda_ratio!r}")
-    heads, kv_heads, width = baseline.num_attention_heads, baseline.num_key_value_heads, baseline.head_dim
-    group = gda_ratio + 1  # a noise map and its signal heads
-    maps = group * -(-heads // group)  # the baseline's heads, rounded up to whole groups
-    noise = maps // group
-    return dataclasses.replace(
-        baseline,
-        attention="gda",
-        num_attention_heads=gda_ratio * noise,
-        num_key_value_heads=math.gcd(max(kv_heads // 2, 1), noise),
-        gda_ratio=gda_ratio,
-        map_dim=None if maps * width == baseline.hidden_size else width,
-    )
-
-
-SOFTMAX = AttentionKind(
-    name="softmax",
-    label="Transformer",
-    layer=SoftmaxAttention,
-    match=_same_heads("softmax"),
-    matching="the matched baseline itself: H heads of width d over H_kv KV heads",
-)
-
-
-DIFF = AttentionKind(
-    name="diff",
-    label="DIFF",
-    layer=DiffAttention,
-    match=_halved_heads,
-    matching=(
-        "h = H / 2 differential heads of two d-wide maps (h_kv = H_kv / 2 KV groups): q, k, v and o_proj have the "
-        "baseline's shapes; adds 4d lambda entries a layer, and 2d with subln='affine'"
-    ),
-    differential_heads=True,
-    keep_in_fp32=("lambda_vectors",),
-    renamings=LAMBDA_RENAMINGS,
-    serving="differential",
-    maps="lambda",
-)
-
-
-GDA = AttentionKind(
-    name="gda",
-    label="GDA",
-    layer=GroupedDiffAttention,
-    match=_grouped_heads,
-    matching=(
-        "the baseline's H query heads, rounded up to M, a multiple of G + 1 (G = gda_ratio), as maps of width d: "
-        "n = M / (G + 1) noise maps and h = G n signal heads over gcd(H_kv / 2, n) KV groups (a noise map and its "
-        "signal heads read one); q_proj has M d rows (the baseline's H d where G + 1 divides H), o_proj reads h "
-        "heads of 2d (2h d columns for the baseline's H d), k_proj and v_proj 2d rows a KV group (the baseline's "
-        "H_kv d with H_kv / 2 groups), and DIFF V1's lambda vectors and gain; at G = 1 DIFF V1's shapes"
-    ),
-    differential_heads=True,
-    fields=("gda_ratio",),
-    keep_in_fp32=("lambda_vectors",),
-    renamings=LAMBDA_RENAMINGS,
-    serving="differential",
-    maps="lambda",
-)
-
-
-DIFF_V2 = AttentionKind(
-    name="diff_v2",
-    label="DIFF V2",
-    layer=DiffAttentionV2,
-    match=_same_heads("diff_v2"),
-    matching=(
-        "the baseline's H heads, each a pair of query heads over the baseline's K/V: adds d_model H (d + 1) a layer "
-        "(q_proj's second H d rows and lambda_proj)"
-    ),
-    tp_plan={"layers.*.self_attn.lambda_proj": "colwise"},
-    serving="diff_v2",
-    maps="gate",
-)
-
-
-GATED = AttentionKind(
-    name="gated",
-    label="Gated attention",
-    layer=GatedAttention,
-    match=_same_heads("gated"),
-    matching="the baseline's H heads with a d-wide gate each: adds d_model H d a layer (q_proj's gate rows)",
-    serving="gated",
-)
-
-
-KINDS: dict[str, AttentionKind] = {kind.name: kind for kind in (DIFF, GDA, DIFF_V2, GATED, SOFTMAX)}
-
-
-KIND_FACTS: dict[str, dict] = {name: kind.facts() for name, kind in KINDS.items()}
-
-
-# ---- difftransformer/layers/mlp.py -----------------------------------------------------------------------
-# SwiGLU feed-forward block, with Llama's parameter names.
-class SwiGLU(nn.Module):
-    """``down_proj(silu(gate_proj(x)) * up_proj(x))``, no biases; x: (..., hidden) -> (..., hidden)."""
-
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x (..., hidden) -> (..., hidden)."""
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        for module in self.children():
+            if isinstance(module, (nn.Linear, LambdaVectors, RMSNorm)):
+                module.reset_parameters()
 
 
 # ---- difftransformer/layers/rotary.py --------------------------------------------------------------------
@@ -1563,6 +1133,249 @@ class RotaryEmbedding(nn.Module):
 def interleaved_to_half_permutation(dim: int) -> torch.Tensor:
     """Index ``p`` with ``x_half = x_interleaved[..., p]``: the "half" layout of the same rotation."""
     return torch.cat([torch.arange(0, dim, 2), torch.arange(1, dim, 2)])
+
+
+# ---- difftransformer/layers/split_heads.py ---------------------------------------------------------------
+# The split-head map layout: DIFF V1's heads (paper section 2.1), each a signal and a noise map of half width over
+# one 2d-wide value, with G signal heads a noise map (GDA), normalised per head; one differential-attention operator
+# call a layer.
+class SplitHeadAttention(PartsAttention):
+    """Multi-head differential attention with GQA and a KV cache (Ye et al., arXiv 2410.05258, §2.1: Eq. 1 the two
+    maps and their difference, Eq. 2 lambda, Eq. 3 the per-head norm and the (1 - lambda_init) scale), with G signal
+    heads a noise map (Lim et al., "Grouped Differential Attention", arXiv 2510.06949, §2.2):
+
+        head_s = (softmax(Q1_s K1_g^T / sqrt(d)) - lambda_s softmax(Q2_{s // G} K2_g^T / sqrt(d))) V_g,
+
+    g = s // (h / h_kv) the KV group of both maps, lambda the layer's scalar or sigmoid(lambda_proj(x)_s) per token,
+    then the per-head norm over the 2d features, the scale, the gate and o_proj (h 2d -> d_model)
+    (:meth:`PartsAttention.finish`). At G = 1 the projections have the matched Transformer's shapes: q d_model -> 2h d,
+    k and v d_model -> 2 h_kv d, o 2h d -> d_model.
+
+    The operator reads the queries in the paired layout of :mod:`difftransformer.ops.common` (head s's Q1 | Q2,
+    2d wide: at G = 1 a view of q_proj's output, at G > 1 each noise map repeated for its G signal heads, so a noise
+    map is formed once for each of its signal heads); each differential head is ``head_dim`` = 2d wide, as its value
+    and its cache entries are, and each of its maps reads ``map_head_dim`` = d of it.
+
+    Args:
+        config: the model's configuration: ``hidden_size``, ``num_attention_heads`` (h), ``num_key_value_heads``
+            (h_kv), ``head_dim`` (2d; an upcycled model's heads are wider than hidden_size / h), its parts,
+            ``lambda_init``, ``lambda_std``, ``subln_eps``, ``rope_style``, ``causal``, ``attention_backend``;
+            ``_attn_implementation`` picks the operator backend (:func:`~difftransformer.ops.choose_backend`) at each
+            call.
+        layer_idx: 0-based depth, for lambda_init, the window and the cache.
+    """
+
+    def __init__(self, config: PreTrainedConfig, layer_idx: int) -> None:
+        super().__init__(config, layer_idx, config.head_dim)
+        self.head_dim = config.head_dim
+        self.reset_parameters()  # as earlier versions did: a seed gives the same initial weights
+
+    def queries(self, queries: torch.Tensor) -> torch.Tensor:
+        """q_proj's query groups (B, T, n, G + 1, d) -> q (B, h, T, 2d) in the paired layout, unrotated: signal
+        head s's Q1 | its noise map's Q2."""
+        if self.ratio == 1:
+            return queries.flatten(-2).transpose(1, 2)
+        signal, noise = queries[..., :-1, :], queries[..., -1:, :]
+        return torch.cat((signal, noise.expand_as(signal)), dim=-1).flatten(2, 3).transpose(1, 2)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        output_attentions: bool = False,
+        output_component_maps: bool = False,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | tuple[torch.Tensor, ...] | None]:
+        """
+        Args:
+            hidden_states: (B, T, d_model).
+            position_embeddings: cos, sin of shape (B, T, d/2).
+            attention_mask: the mask transformers' ``masking_utils`` builds for the implementation and this layer's
+                window: bool or additive (B or 1, 1, T, S), a FlexAttention ``BlockMask``, or None for causal (full
+                if not causal).
+            past_key_values: a transformers Cache; stores k and v as (B, h_kv, S, 2d). In continuous batching the
+                paged cache comes as the keyword ``cache`` with its indices, as transformers' attention functions
+                take it.
+            output_attentions: return the combined map A1 - lambda A2, (B, h, T, S).
+            output_component_maps: return (combined, A1, A2) instead.
+
+        Returns:
+            (B, T, d_model), and the maps or None. Maps and a logits hook take the materialized reference.
+        """
+        batch, q_len, _ = hidden_states.shape
+        cos, sin = position_embeddings
+        # q goes to the operator unrotated with its rotary embedding (the C++ decode step rotates it in the kernel);
+        # k is rotated before the cache, in the projection's (B, T, sub-heads, d) layout, each of K1, K2 a sub-head.
+        queries, gate = self.query_groups(hidden_states)
+        q = self.queries(queries)  # Q1 | Q2 per head
+        k = self.k_proj(hidden_states).view(batch, q_len, -1, self.map_head_dim)
+        k = apply_rotary(k, cos.unsqueeze(2), sin.unsqueeze(2), self.rope_style)
+        k = k.view(batch, q_len, -1, self.head_dim).transpose(1, 2)  # K1 | K2 per KV head
+        v = self.v_proj(hidden_states).view(batch, q_len, -1, self.head_dim).transpose(1, 2)
+        if past_key_values is not None:
+            k, v = past_key_values.update(k, v, self.layer_idx)
+        elif kwargs.get("cache") is not None:  # continuous batching's paged cache
+            k, v = kwargs["cache"].update(k, v, self.layer_idx, kwargs)
+
+        if attention_mask is None and self.is_causal and 1 < q_len < k.shape[2]:
+            # No mask with more keys than queries: the queries fill a static cache from its first slot (transformers
+            # leaves the mask out only then), which SDPA reads as causal from the top left; the operators align
+            # causal masks bottom-right, which over the first q_len keys is the same.
+            k, v = k[:, :, :q_len], v[:, :, :q_len]
+        weight = self.noise_weight(hidden_states)
+        if isinstance(weight, torch.Tensor) and weight.dim():  # per token: (B, T, h) -> (B, h, T, 1)
+            weight = weight.transpose(1, 2).unsqueeze(-1)
+        rotary = QueryRotary(cos, sin, self.rope_style)
+        causal = self.is_causal and attention_mask is None
+        maps = None
+        if output_attentions or output_component_maps or self.logits_hook is not None:
+            hook = None if self.logits_hook is None else partial(self.logits_hook, self)
+            out, maps = diff_attention_reference(
+                rotate_queries(q, rotary), k, v, weight, causal=causal, attn_mask=attention_mask,
+                logits_hook=hook, return_maps=output_attentions or output_component_maps,
+            )  # fmt: skip
+        else:
+            out = diff_attention(
+                q, k, v, weight, causal=causal, attn_mask=attention_mask, rotary=rotary,
+                backend=self.config.attention_backend, implementation=self.config._attn_implementation,
+            )  # fmt: skip
+        out = self.finish(out.transpose(1, 2), gate)
+        if output_component_maps:
+            return out, maps
+        return out, maps[0] if maps is not None else None
+
+
+# ---- difftransformer/layers/whole_heads.py ---------------------------------------------------------------
+# The whole-head map layout: whole query heads of width d over the baseline's keys and values, in one call to the
+# attention implementation ``config._attn_implementation`` names in transformers' attention interface (sdpa, flash
+# attention, flex attention, the paged implementations of continuous batching, a kernel registered with
+# ``AttentionInterface``; "eager" is the materialized attention below), as Llama's is. The softmax baseline, gated
+# attention, DIFF V2, Motif's attention and every composition of their parts (layers/parts.py) run here.
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``attn_implementation="eager"``: the materialized map, computed in float32 (float64 for float64 inputs),
+    with ``module.logits_hook`` (if set) on the scaled logits. query (B, H, T, d), key and value (B, H_kv, S, d),
+    attention_mask bool or additive (B or 1, 1, T, S), or None for the module's causal (bottom-right) or full
+    attention. Returns the output (B, T, H, d) and the map (B, H, T, S), as transformers' implementations do.
+    Other keywords (``dropout``: these models have none; ``sliding_window``: the mask holds it) are ignored."""
+    hook = None if module.logits_hook is None else partial(module.logits_hook, module)
+    out, probs = softmax_attention_reference(
+        query,
+        key,
+        value,
+        causal=module.is_causal and attention_mask is None,
+        attn_mask=attention_mask,
+        scale=scaling,
+        logits_hook=hook,
+    )
+    return out.transpose(1, 2), probs
+
+
+class WholeHeadAttention(PartsAttention):
+    """Attention over whole query heads: with noise maps, n groups of G signal heads and one noise head over the
+    baseline's K/V (h_kv KV heads dividing n, so a group reads one), each signal head's output
+
+        out_s = attn_s - lambda_s attn_{noise(s)},   attn_j = softmax(Q_j K_g^T / sqrt(d) + mask) V_g,
+
+    lambda the layer's scalar or sigmoid(lambda_proj(x)_s) per token (DIFF V2: G = 1, Ye et al. 2026; Motif's GDLA:
+    G = 4 with the output gate); without noise maps each head's ``attn_s`` (the softmax baseline; gated attention
+    with the gate, Qiu et al.). Then the per-head norm, the gate and o_proj (h d -> d_model)
+    (:meth:`PartsAttention.finish`). q_proj's rows: :mod:`~difftransformer.layers.parts_attention`.
+
+    Args:
+        config: the model's configuration (``hidden_size``, ``num_attention_heads`` h, ``num_key_value_heads``,
+            ``head_dim`` d, its parts, ``rope_style``, ``causal``); its ``_attn_implementation`` picks the attention
+            function at each call, as in transformers' models.
+        layer_idx: 0-based depth, the layer's slot in the KV cache (and its window and lambda_init).
+    """
+
+    def __init__(self, config: PreTrainedConfig, layer_idx: int) -> None:
+        super().__init__(config, layer_idx, config.head_dim)
+        self.head_dim = config.head_dim
+        self.scaling = self.head_dim**-0.5
+        self.num_key_value_groups = config.query_heads // config.num_key_value_heads
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        output_attentions: bool,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The one attention call: (B, T, H_q, d) and the map (B, H_q, T, S) where the implementation gives one.
+        Maps are asked of the eager implementation, whatever the configured one (they are what it computes)."""
+        implementation = "eager" if output_attentions else self.config._attn_implementation
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        return attention(
+            self, q, k, v, attention_mask, scaling=self.scaling, dropout=0.0, sliding_window=self.sliding_window,
+            **kwargs,
+        )  # fmt: skip
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        output_attentions: bool = False,
+        output_component_maps: bool = False,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | tuple[torch.Tensor, ...] | None]:
+        """hidden_states (B, T, d_model) -> (B, T, d_model), and the map (B, h, T, S) with ``output_attentions``
+        (with noise maps the combined map A_s - lambda_s A_noise(s), from which the output is then computed, so
+        gradients reach it); with ``output_component_maps``, (combined, A_s, A_noise(s)), each (B, h, T, S).
+        ``attention_mask`` is the mask transformers' ``masking_utils`` builds for the implementation and this
+        layer's window; other keywords (a paged cache and its indices in continuous batching) go to the attention
+        function."""
+        batch, q_len, _ = hidden_states.shape
+        queries, gate = self.query_groups(hidden_states)  # (B, T, n, G [+ 1], d)
+        cos, sin = position_embeddings[0].unsqueeze(2), position_embeddings[1].unsqueeze(2)
+        q = apply_rotary(queries.flatten(2, 3), cos, sin, self.rope_style).transpose(1, 2)
+        k = self.k_proj(hidden_states).view(batch, q_len, -1, self.head_dim)
+        k = apply_rotary(k, cos, sin, self.rope_style).transpose(1, 2)
+        v = self.v_proj(hidden_states).view(batch, q_len, -1, self.head_dim).transpose(1, 2)
+        if past_key_values is not None:
+            k, v = past_key_values.update(k, v, self.layer_idx)
+        maps = output_attentions or output_component_maps
+        out, probs = self.attend(q, k, v, attention_mask, maps, **kwargs)  # (B, T, H_q, d), (B, H_q, T, S)
+        if not self.parts.differential:
+            return self.finish(out, gate), probs if maps else None
+        weight = self.noise_weight(hidden_states)  # a scalar, or (B, T, h)
+        if maps:
+            groups = probs.unflatten(1, (self.groups, -1))  # (B, n, G + 1, T, S)
+            first, noise = groups[:, :, :-1], groups[:, :, -1:]
+            if isinstance(weight, torch.Tensor) and weight.dim():
+                weight = weight.transpose(1, 2).unflatten(1, (self.groups, -1)).unsqueeze(-1).to(probs.dtype)
+            combined = (first - weight * noise).flatten(1, 2)  # (B, h, T, S)
+            # each signal head's KV head: its query head's, query heads ordered group by group
+            query_head = torch.arange(self.heads, device=q.device)
+            query_head = query_head + query_head // self.ratio
+            values = v.to(combined.dtype)[:, query_head // self.num_key_value_groups]
+            out = (combined @ values).transpose(1, 2).to(q.dtype)  # (B, T, h, d)
+            result = (combined, first.flatten(1, 2), noise.expand_as(first).flatten(1, 2))
+        else:
+            groups = out.unflatten(2, (self.groups, -1))  # (B, T, n, G + 1, d)
+            first, noise = groups[:, :, :, :-1], groups[:, :, :, -1:]
+            if isinstance(weight, torch.Tensor) and weight.dim():
+                weight = weight.unflatten(2, (self.groups, -1)).unsqueeze(-1)
+            if isinstance(weight, torch.Tensor):
+                weight = weight.to(out.dtype)
+            out = (first - weight * noise).flatten(2, 3)  # (B, T, h, d)
+        output = self.finish(out, gate)
+        if not maps:
+            return output, None
+        return output, result if output_component_maps else result[0]
 
 
 # ---- difftransformer/models/loading.py -------------------------------------------------------------------
@@ -1840,16 +1653,21 @@ def strict_from_pretrained(load: Callable[..., Any], folder: Any, *args: Any, **
 
 
 # ---- difftransformer/models/modeling.py ------------------------------------------------------------------
-# The attention kinds' language models (DIFF V1, GDA, DIFF V2, gated attention and the matched softmax Transformer)
-# as Hugging Face causal language models; each layer's attention is its kind's module (layers/kinds.py).
-# DIFF V1's and GDA's lambda vectors live in their own float32 submodule and are saved under those names
+# The attention kinds' language models (DIFF V1, GDA, DIFF V2, gated attention, Motif's attention, their
+# compositions and the matched softmax Transformer) as Hugging Face causal language models; each layer's attention is
+# the module of its map layout, built from the configuration's parts (layers/parts.py).
+# The scalar lambda's vectors live in their own float32 submodule and are saved under those names
 # (`self_attn.lambda_vectors.q1` ...), so that tools reading the file by parameter name (accelerate's
 # load_checkpoint_and_dispatch) find them. The Llama-family names of the paper's code and DiffLlama
 # (`self_attn.lambda_q1` ...) are the "original format" of transformers' conversion machinery: folders saved with
 # them still load (this mapping on from_pretrained, _load_from_state_dict on load_state_dict), and
-# revert_weight_conversion gives them (the DiffLlama conversion reads it). The kinds declare them (their
-# ``renamings``); transformers keys the mapping by model type, which the kinds share.
-LAMBDA_KEYS = {old: new for kind in KINDS.values() for old, new in kind.renamings.items()}
+# revert_weight_conversion gives them (the DiffLlama conversion reads it). The parts declare them (their
+# ``renamings``); transformers keys the mapping by model type, which every configuration shares.
+LAMBDA_KEYS = LAMBDA_RENAMINGS
+
+
+# The attention module of each map layout.
+LAYOUTS = {"split": SplitHeadAttention, "whole": WholeHeadAttention}
 
 
 def lambda_renamings() -> list[WeightRenaming]:
@@ -1870,7 +1688,8 @@ class DiffTransformerDecoderLayer(GradientCheckpointingLayer):
     def __init__(self, config: DiffTransformerConfig, layer_idx: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.self_attn = KINDS[config.attention].layer(config, layer_idx)
+        self.self_attn = LAYOUTS[config.map_layout](config, layer_idx)
+        self.attention_type = config.layer_types[layer_idx]
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
 
@@ -1905,9 +1724,9 @@ class DiffTransformerPreTrainedModel(PreTrainedModel):
 
     def __init__(self, config: DiffTransformerConfig, *inputs, **kwargs) -> None:
         super().__init__(config, *inputs, **kwargs)
-        # exp() of a half-precision dot product is too coarse for lambda: DIFF V1 and GDA load their lambda vectors in
-        # float32 whatever the dtype (their own submodule, so that FSDP2 groups them apart from the bf16 projections).
-        self._keep_in_fp32_modules_strict = list(KINDS[config.attention].keep_in_fp32)
+        # exp() of a half-precision dot product is too coarse for lambda: the scalar lambda's vectors load in float32
+        # whatever the dtype (their own submodule, so that FSDP2 groups them apart from the bf16 projections).
+        self._keep_in_fp32_modules_strict = list(config.parts.keep_in_fp32)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
@@ -2044,24 +1863,31 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
         position_ids: torch.Tensor | None,
         output_attentions: bool,
         paged: bool,
-    ) -> torch.Tensor | None:
-        """The layers' mask, as transformers' ``masking_utils`` builds it for the attention implementation (causal
-        or bidirectional, padding, packed documents in the given ``position_ids``, the cache's offsets), or None
-        where the implementation's own causal or full attention is exact."""
+    ) -> dict[str, torch.Tensor | None]:
+        """The layers' masks by layer type ("full_attention", and "sliding_attention" where the parts window a
+        layer), as transformers' ``masking_utils`` builds them for the attention implementation (causal or
+        bidirectional, the window, padding, packed documents in the given ``position_ids``, the cache's offsets),
+        or None where the implementation's own causal or full attention is exact."""
         config = mask_config(self.config, output_attentions)
         if isinstance(attention_mask, torch.Tensor):
             check_mask_shape(attention_mask, inputs_embeds.shape[:2], past_key_values, paged)
         # Deciding that a padding mask hides nothing reads it back: free on the CPU, a device stall elsewhere.
         may_skip = attention_mask is None or attention_mask.is_cpu
         if not self.config.causal:
-            return create_bidirectional_mask(
-                config, inputs_embeds, attention_mask, past_key_values=past_key_values,
-                allow_is_bidirectional_skip=may_skip,
-            )  # fmt: skip
-        return create_causal_mask(
-            config, inputs_embeds, attention_mask, past_key_values, position_ids=position_ids,
-            allow_is_causal_skip=may_skip,
+            return {
+                FULL: create_bidirectional_mask(
+                    config, inputs_embeds, attention_mask, past_key_values=past_key_values,
+                    allow_is_bidirectional_skip=may_skip,
+                )
+            }  # fmt: skip
+        arguments = dict(
+            config=config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+            past_key_values=past_key_values, position_ids=position_ids, allow_is_causal_skip=may_skip,
         )  # fmt: skip
+        masks = {FULL: create_causal_mask(**arguments)}
+        if SLIDING in self.config.layer_types:
+            masks[SLIDING] = create_sliding_window_causal_mask(**arguments)
+        return masks
 
     @can_return_tuple
     def forward(
@@ -2115,7 +1941,7 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
         # The mask before a new cache: an empty cache changes no size, and without one the positions a caller gives
         # are read for packed documents (restarting positions; ours never restart, so they are not read).
         paged = kwargs.get("cache") is not None  # continuous batching's paged cache, read by the attention
-        mask = self.attention_mask(
+        masks = self.attention_mask(
             inputs_embeds, attention_mask, past_key_values, position_ids, output_attentions, paged
         )
         if position_ids is None:
@@ -2135,7 +1961,7 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
             hidden_states, attn_map = layer(
                 hidden_states,
                 position_embeddings,
-                attention_mask=mask,
+                attention_mask=masks[layer.attention_type],
                 past_key_values=past_key_values,
                 output_attentions=output_attentions,
                 **kwargs,

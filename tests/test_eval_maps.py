@@ -57,7 +57,7 @@ def test_diff_v2_panels_are_the_paired_maps_and_their_gated_difference():
         handle.remove()
     for panels, gate in zip(layers, gates):
         (_, first), (_, second), (title, difference) = panels
-        assert title == "A(2i) - sigmoid(lambda_i) A(2i+1)"
+        assert title == "A(s) - sigmoid(lambda_s) A(noise(s))"
         causal_probabilities(first)
         causal_probabilities(second)
         per_token = gate[:, 2].detach().numpy()[:, None]  # head 2's gate at every query position

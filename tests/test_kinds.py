@@ -1,205 +1,28 @@
-"""The kinds compared with DIFF: grouped differential attention (GDA) and gated attention, as modules against
-float64 references written from the papers (hypothesis for shapes, forward and backward), GDA at ratio 1 against
-DIFF V1 and gated attention against transformers' Qwen3NextAttention on the same weights; and the kinds'
-declarations (layers/kinds.py) against what the models build."""
+"""The attention kinds as named points of the space of parts (layers/kinds.py): what each declares and what the
+models build from it, the parts' matching rule (models/matching.py), Motif's attention as its sources define it, GDA
+at ratio 1 against DIFF V1, and gated attention against transformers' Qwen3NextAttention on the same weights. Every
+combination of parts against the float64 reference: tests/test_parts.py."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
-import math
 from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import strategies as st
 from torch import nn
 from transformers.models.qwen3_next.configuration_qwen3_next import Qwen3NextConfig
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextAttention, Qwen3NextRotaryEmbedding
 
 from difftransformer import DiffTransformerConfig, DiffTransformerForCausalLM
-from difftransformer.layers import KINDS, GatedAttention, GroupedDiffAttention, RotaryEmbedding
-from helpers import random_model, randomize
-
-
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> torch.Tensor:
-    """x (T, d) rotated pair by pair with the tables (T, d/2)."""
-    half = x.shape[-1] // 2
-    out = x.clone()
-    for j in range(half):
-        a, b = (2 * j, 2 * j + 1) if style == "interleaved" else (j, j + half)
-        out[:, a] = x[:, a] * cos[:, j] - x[:, b] * sin[:, j]
-        out[:, b] = x[:, a] * sin[:, j] + x[:, b] * cos[:, j]
-    return out
-
-
-def visible_keys(q_len: int, causal: bool, mask: torch.Tensor | None, b: int) -> torch.Tensor:
-    visible = torch.ones(q_len, q_len, dtype=torch.bool)
-    if causal:
-        visible &= torch.ones(q_len, q_len, dtype=torch.bool).tril()
-    if mask is not None:
-        visible &= mask[b, 0]
-    return visible
-
-
-def softmax_map(q: torch.Tensor, k: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
-    logits = (q @ k.T / math.sqrt(q.shape[-1])).masked_fill(~visible, -math.inf)
-    return torch.softmax(logits, dim=-1)
-
-
-def gda_reference(module: GroupedDiffAttention, x, cos, sin, mask) -> torch.Tensor:
-    """Lim et al. §2.2 head by head: signal head s = jG + i takes Q1 from slot i of query group j and the noise map of
-    that group (slot G), both against KV group s // (h / h_kv); DIFF V1's lambda, norm and scale (Ye et al. Eq. 1-3)."""
-    config = module.config
-    ratio, heads, kv_heads, d = (
-        config.gda_ratio,
-        config.num_attention_heads,
-        config.num_key_value_heads,
-        module.map_head_dim,
-    )
-    batch, q_len, _ = x.shape
-    q = (x @ module.q_proj.weight.T).view(batch, q_len, heads // ratio, ratio + 1, d)
-    k = (x @ module.k_proj.weight.T).view(batch, q_len, 2 * kv_heads, d)
-    v = (x @ module.v_proj.weight.T).view(batch, q_len, kv_heads, 2 * d)
-    vectors = module.lambda_vectors
-    lam = torch.exp(vectors.q1 @ vectors.k1) - torch.exp(vectors.q2 @ vectors.k2) + module.lambda_init
-    out = []
-    for b in range(batch):
-        visible = visible_keys(q_len, config.causal, mask, b)
-        heads_out = []
-        for s in range(heads):
-            group, member = divmod(s, ratio)
-            g = s // (heads // kv_heads)
-            maps = [
-                softmax_map(rope(query, cos[b], sin[b], config.rope_style), rope(k[b, :, 2 * g + c], cos[b], sin[b], config.rope_style), visible)
-                for c, query in enumerate((q[b, :, group, member], q[b, :, group, ratio]))
-            ]  # fmt: skip
-            head = (maps[0] - lam * maps[1]) @ v[b, :, g]
-            if module.subln is not None:
-                head = head / torch.sqrt(head.pow(2).mean(-1, keepdim=True) + config.subln_eps)
-                head = head if module.subln.weight is None else head * module.subln.weight
-            heads_out.append(head * (1 - module.lambda_init))
-        out.append(torch.cat(heads_out, dim=-1))
-    return torch.stack(out) @ module.o_proj.weight.T
-
-
-def gated_reference(module: GatedAttention, x, cos, sin, mask) -> torch.Tensor:
-    """Qiu et al. Eq. 5 at position G1 head by head: softmax attention's output times sigmoid(x W_gate), with q_proj
-    holding each head's query then its gate."""
-    config = module.config
-    heads, kv_heads, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-    batch, q_len, _ = x.shape
-    q = (x @ module.q_proj.weight.T).view(batch, q_len, heads, 2 * d)
-    k = (x @ module.k_proj.weight.T).view(batch, q_len, kv_heads, d)
-    v = (x @ module.v_proj.weight.T).view(batch, q_len, kv_heads, d)
-    out = []
-    for b in range(batch):
-        visible = visible_keys(q_len, config.causal, mask, b)
-        heads_out = []
-        for i in range(heads):
-            g = i // (heads // kv_heads)
-            query, gate = q[b, :, i, :d], q[b, :, i, d:]
-            attention = softmax_map(
-                rope(query, cos[b], sin[b], config.rope_style), rope(k[b, :, g], cos[b], sin[b], config.rope_style), visible
-            )  # fmt: skip
-            heads_out.append((attention @ v[b, :, g]) * torch.sigmoid(gate))
-        out.append(torch.cat(heads_out, dim=-1))
-    return torch.stack(out) @ module.o_proj.weight.T
-
-
-@st.composite
-def gda_problems(draw):
-    kv_heads = draw(st.integers(1, 2))
-    noise = kv_heads * draw(st.integers(1, 2))
-    return (
-        dict(
-            attention="gda",
-            gda_ratio=(ratio := draw(st.integers(1, 3))),
-            num_attention_heads=noise * ratio,
-            num_key_value_heads=kv_heads,
-            map_dim=draw(st.sampled_from([2, 4, 8])),
-            rope_style=draw(st.sampled_from(["interleaved", "half"])),
-            subln=draw(st.sampled_from(["affine", "plain", "none"])),
-            causal=draw(st.booleans()),
-            attention_backend=draw(st.sampled_from(["auto", "reference", "sdpa", "blocked", "decode"])),
-        ),
-        draw(st.integers(1, 2)),
-        draw(st.integers(1, 9)),
-        draw(st.booleans()),
-        draw(st.integers(0, 2**16)),
-    )
-
-
-@st.composite
-def gated_problems(draw):
-    kv_heads = draw(st.integers(1, 2))
-    heads = kv_heads * draw(st.integers(1, 3))
-    return (
-        dict(
-            attention="gated",
-            num_attention_heads=heads,
-            num_key_value_heads=kv_heads,
-            hidden_size=heads * draw(st.sampled_from([2, 4, 8])),
-            rope_style=draw(st.sampled_from(["interleaved", "half"])),
-            causal=draw(st.booleans()),
-        ),
-        draw(st.integers(1, 2)),
-        draw(st.integers(1, 9)),
-        draw(st.booleans()),
-        draw(st.integers(0, 2**16)),
-    )
-
-
-def module_inputs(module: nn.Module, batch: int, q_len: int, masked: bool, seed: int):
-    """Random float64 hidden states, the rotary tables of positions 0.. and, if ``masked``, a bool (B, 1, T, T) mask
-    hiding random keys (each query keeps itself), with every parameter randomised."""
-    randomize(module, seed)
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(
-        batch, q_len, module.config.hidden_size, generator=gen, dtype=torch.float64
-    ).requires_grad_()
-    rotary = RotaryEmbedding(dim=module.config.map_head_dim)
-    cos, sin = rotary(x, torch.arange(q_len)[None].expand(batch, -1))
-    mask = None
-    if masked:
-        mask = (torch.rand(batch, 1, q_len, q_len, generator=gen) > 0.4) | torch.eye(q_len, dtype=torch.bool)
-        if module.config.causal:
-            mask &= torch.ones(q_len, q_len, dtype=torch.bool).tril()
-    return x, cos, sin, mask
-
-
-def assert_forward_and_backward_match(module, reference, x, cos, sin, mask, seed):
-    out, _ = module(x, (cos, sin), attention_mask=mask)
-    expected = reference(module, x, cos, sin, mask)
-    torch.testing.assert_close(out, expected, atol=1e-10, rtol=1e-9)
-    upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
-    inputs = [x, *module.parameters()]
-    for got, want in zip(
-        torch.autograd.grad(out, inputs, upstream),
-        torch.autograd.grad(expected, inputs, upstream),
-        strict=True,
-    ):
-        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-9)
-
-
-@given(problem=gda_problems())
-def test_gda_module_matches_the_float64_reference_forward_and_backward(problem):
-    fields, batch, q_len, masked, seed = problem
-    config = DiffTransformerConfig(hidden_size=20, vocab_size=11, num_hidden_layers=3, **fields)
-    module = GroupedDiffAttention(config, layer_idx=seed % 3).double()
-    x, cos, sin, mask = module_inputs(module, batch, q_len, masked, seed)
-    assert_forward_and_backward_match(module, gda_reference, x, cos, sin, mask, seed)
-
-
-@given(problem=gated_problems())
-def test_gated_module_matches_the_float64_reference_forward_and_backward(problem):
-    fields, batch, q_len, masked, seed = problem
-    config = DiffTransformerConfig(vocab_size=11, num_hidden_layers=1, **fields)
-    module = GatedAttention(config, layer_idx=0).double()
-    module.config._attn_implementation = ("eager", "sdpa")[seed % 2]
-    x, cos, sin, mask = module_inputs(module, batch, q_len, masked, seed)
-    assert_forward_and_backward_match(module, gated_reference, x, cos, sin, mask, seed)
+from difftransformer.layers import KINDS, AttentionParts, RotaryEmbedding, WholeHeadAttention
+from difftransformer.layers.parts import MAP_LAYOUTS
+from difftransformer.models import matched_config
+from difftransformer.models.modeling import LAYOUTS
+from helpers import random_model, randomize, tiny_config
+from kind_table import ALL_FIELDS, BASELINE
+from naive_model import visible_keys
 
 
 @pytest.mark.parametrize("fields", [dict(num_key_value_heads=2), dict(num_key_value_heads=1, subln="none")])
@@ -215,13 +38,13 @@ def test_gda_at_ratio_one_is_diff_v1_on_the_same_weights(fields):
         model(ids, labels=ids).loss.backward()
     for (name, a), b in zip(diff.named_parameters(), gda.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, atol=0, rtol=0, msg=name)
-    matched = KINDS["gda"].match(diff.config.matched_baseline(), gda_ratio=1)
+    matched = matched_config(diff.config.matched_baseline(), "gda", gda_ratio=1, subln=diff.config.subln)
     assert dataclasses.replace(matched, attention="diff").to_dict() == diff.config.to_dict()
 
 
 def qwen3_next_pair(
     kv_heads: int, seed: int
-) -> tuple[Qwen3NextAttention, GatedAttention, Qwen3NextRotaryEmbedding]:
+) -> tuple[Qwen3NextAttention, WholeHeadAttention, Qwen3NextRotaryEmbedding]:
     """transformers' Qwen3NextAttention (full-width rotation, its q/k norms replaced by the identity) and ours with its
     q/k/v/o weights loaded as they are."""
     qwen = Qwen3NextConfig(
@@ -236,7 +59,7 @@ def qwen3_next_pair(
         attention="gated", hidden_size=64, num_attention_heads=4, num_key_value_heads=kv_heads, vocab_size=11,
         num_hidden_layers=1, rope_style="half",
     )  # fmt: skip
-    ours = GatedAttention(config, layer_idx=0).double()
+    ours = WholeHeadAttention(config, layer_idx=0).double()
     ours.load_state_dict(theirs.state_dict())
     return theirs, ours, Qwen3NextRotaryEmbedding(qwen)
 
@@ -263,31 +86,45 @@ def test_gated_attention_is_qwen3_next_attention_without_its_qk_norms_and_partia
     torch.testing.assert_close(got, expected, atol=1e-12, rtol=1e-12)
 
 
-def test_every_kind_is_declared_once_and_the_models_follow_the_declaration():
-    """Each declaration's layer is what the model builds, its float32 list and TP entries are the model's, its fields
-    are refused on the other kinds, and the matched baseline of its matching rule's output is the baseline (where
-    the rule does not round)."""
-    baseline = DiffTransformerConfig(
-        attention="softmax", hidden_size=64, num_attention_heads=8, num_key_value_heads=4, vocab_size=11,
-        num_hidden_layers=1,
-    )  # fmt: skip
-    for name, kind in KINDS.items():
-        config = kind.match(baseline)
-        model = DiffTransformerForCausalLM(config)
-        assert type(model.model.layers[0].self_attn) is kind.layer, name
-        assert set(model._keep_in_fp32_modules_strict) == set(kind.keep_in_fp32), name
-        assert set(kind.tp_plan) <= set(config.base_model_tp_plan), name
-        for key in kind.tp_plan:
-            assert any(
-                param.startswith(key.replace("*", "0")) for param, _ in model.model.named_parameters()
-            ), key
-        assert config.kind_facts() == kind.facts()
-        assert config.matched_baseline().to_diff_dict() == baseline.to_diff_dict(), name
-        for other in KINDS.values():
-            for field in other.fields:
-                if other is not kind:
-                    with pytest.raises(ValueError, match=f"{field} is for attention='{other.name}' only"):
-                        dataclasses.replace(config, **{field: 2})
+@pytest.mark.parametrize("name", list(ALL_FIELDS))
+def test_every_kind_and_composition_builds_what_its_parts_declare(name):
+    """The layer is its layout's module, its float32 list and TP entries are its parts', and the matched baseline
+    of its matched configuration is the baseline (the table's baseline: no rule rounds)."""
+    config = tiny_config(**ALL_FIELDS[name])
+    model = DiffTransformerForCausalLM(config)
+    parts = config.parts
+    assert type(model.model.layers[0].self_attn) is LAYOUTS[parts.layout], name
+    assert set(model._keep_in_fp32_modules_strict) == set(parts.keep_in_fp32), name
+    assert set(parts.tp_plan) <= set(config.base_model_tp_plan), name
+    for key in parts.tp_plan:
+        assert any(param.startswith(key.replace("*", "0")) for param, _ in model.model.named_parameters()), (
+            key
+        )
+    window = dict(sliding_window=config.sliding_window, sliding_window_period=config.sliding_window_period)
+    baseline = tiny_config(**BASELINE, **window)  # the matched baseline keeps the window
+    assert config.matched_baseline().to_dict() == baseline.to_dict(), name
+
+
+def test_the_kinds_are_the_points_their_sources_define():
+    """DIFF V1 (Ye et al. §2.1), GDA (DIFF V1 with groups), DIFF V2 (per-token lambda over whole heads, no norm),
+    gated attention (the baseline and the G1 gate) and Motif's GDLA without its low-rank projections: whole signal and
+    noise heads, 4 signal heads a noise head, a per-token lambda a signal head, the elementwise gate, no norm, and
+    sliding windows on every layer but each 4th from layer 0, of 128 past keys and the query (Motif's "+1")."""
+    assert KINDS["diff"].parts == AttentionParts("split", 1, "scalar", "affine")
+    assert KINDS["gda"].parts == KINDS["diff"].parts
+    assert KINDS["diff_v2"].parts == AttentionParts("whole", 1, "token", "none")
+    assert KINDS["gated"].parts == AttentionParts(gate="elementwise")
+    assert KINDS["softmax"].parts == AttentionParts()
+    motif = KINDS["motif"].parts
+    assert motif == AttentionParts(
+        "whole", 4, "token", "none", "elementwise", window=128 + 1, window_period=4
+    )
+    assert [motif.windowed(layer) for layer in range(9)] == [layer % 4 != 0 for layer in range(9)]
+    # a windowed query sees itself and window - 1 earlier keys: 129 in all, Motif's sliding_window + 1
+    visible = visible_keys(300, True, motif.window)
+    assert (
+        int(visible[299].sum()) == 129 and bool(visible[299, 299 - 128]) and not bool(visible[299, 299 - 129])
+    )
 
 
 @pytest.mark.parametrize(
@@ -305,7 +142,7 @@ def test_gda_matching_rule(heads, kv_heads, ratio, signal, noise, kv_groups, map
         attention="softmax", hidden_size=heads * 16, num_attention_heads=heads,
         num_key_value_heads=kv_heads, vocab_size=11, num_hidden_layers=1,
     )  # fmt: skip
-    config = KINDS["gda"].match(baseline, gda_ratio=ratio)
+    config = matched_config(baseline, "gda", gda_ratio=ratio)
     assert (config.num_attention_heads, config.noise_heads, config.num_key_value_heads) == (
         signal,
         noise,
@@ -320,10 +157,46 @@ def test_gda_matching_rule(heads, kv_heads, ratio, signal, noise, kv_groups, map
     assert attention.k_proj.weight.shape == attention.v_proj.weight.shape == (kv_groups * 2 * d, hidden)
 
 
-def test_every_declared_serving_layer_is_in_the_vllm_plugin():
-    """The vLLM plugin (a distribution of its own that cannot import the package) picks each layer's attention by
-    the name the kind declares, from its copy of the configuration: each declared name is a key of its
-    ``ATTENTIONS`` (read from its source, without vLLM), and the plugin tests no kind by name."""
+@pytest.mark.parametrize(
+    "heads, kv_heads, ratio, noise, kv_out",
+    [
+        (8, 8, 1, 8, 8),  # DIFF V2: the baseline's heads and KV heads, a noise query head each
+        (8, 8, 4, 2, 2),  # Motif's G = 4: H / G noise heads over H_kv / G KV heads
+        (12, 4, 4, 3, 1),  # G divides H_kv: one KV head for the 3 noise maps
+        (8, 2, 4, 2, 2),  # G does not divide H_kv: gcd(H_kv, n)
+    ],
+)
+def test_whole_layout_matching_rule(heads, kv_heads, ratio, noise, kv_out):
+    baseline = DiffTransformerConfig(
+        attention="softmax", hidden_size=heads * 8, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        vocab_size=11, num_hidden_layers=1,
+    )  # fmt: skip
+    for kind in ("diff_v2", "motif"):
+        config = matched_config(baseline, kind, gda_ratio=ratio)
+        assert (config.num_attention_heads, config.noise_heads, config.num_key_value_heads) == (
+            heads,
+            noise,
+            kv_out,
+        )
+        attention = DiffTransformerForCausalLM(config).model.layers[0].self_attn
+        gate = heads * 8 if config.output_gate == "elementwise" else 0
+        assert attention.q_proj.weight.shape == ((heads + noise) * 8 + gate, heads * 8)
+        assert attention.o_proj.weight.shape == (heads * 8, heads * 8)
+        assert attention.k_proj.weight.shape == (kv_out * 8, heads * 8)
+    with pytest.raises(
+        ValueError, match=r"gda_ratio \(3\) must be a positive divisor of the baseline's 8 heads"
+    ):
+        matched_config(
+            DiffTransformerConfig(attention="softmax", hidden_size=64, num_attention_heads=8),
+            "motif",
+            gda_ratio=3,
+        )
+
+
+def test_every_map_layout_is_in_the_vllm_plugin_and_it_names_no_kind():
+    """The vLLM plugin (a distribution of its own that cannot import the package) builds each layer from the parts its
+    copy of the configuration resolves: its ``LAYOUTS`` (read from its source, without vLLM) holds every map layout,
+    and the plugin tests no kind by name, so every kind and composition is served by its parts."""
     plugin = (
         Path(__file__).resolve().parents[1] / "serving" / "vllm" / "src" / "difftransformer_vllm" / "model.py"
     )
@@ -331,9 +204,9 @@ def test_every_declared_serving_layer_is_in_the_vllm_plugin():
     table = next(
         node.value
         for node in tree.body
-        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "ATTENTIONS"
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "LAYOUTS"
     )
-    assert {key.value for key in table.keys} == {kind.serving for kind in KINDS.values()}
+    assert {key.value for key in table.keys} == set(MAP_LAYOUTS)
     compared = {
         constant.value
         for node in ast.walk(tree)

@@ -9,10 +9,10 @@ import torch
 
 from difftransformer import DiffTransformerConfig
 from difftransformer.layers import (
-    DiffAttention,
-    DiffAttentionV2,
     RMSNorm,
     RotaryEmbedding,
+    SplitHeadAttention,
+    WholeHeadAttention,
     apply_rotary,
     interleaved_to_half_permutation,
 )
@@ -131,7 +131,7 @@ def test_rms_norm_in_bfloat16_normalises_in_float32_then_casts():
 
 def test_diff_attention_module_standalone_with_padding_mask():
     torch.manual_seed(0)
-    attn = DiffAttention(
+    attn = SplitHeadAttention(
         layer_config(num_attention_heads=2, num_key_value_heads=1, subln="plain"), 3
     ).double()
     assert attn.lambda_init == pytest.approx(0.8 - 0.6 * math.exp(-0.3 * 3))  # the schedule at layer 3
@@ -150,7 +150,7 @@ def test_diff_attention_module_standalone_with_padding_mask():
 
 def test_diff_v2_component_maps_combine_with_a_per_token_sigmoid_lambda():
     torch.manual_seed(1)
-    attn = DiffAttentionV2(
+    attn = WholeHeadAttention(
         layer_config(attention="diff_v2", num_attention_heads=4, num_key_value_heads=2), 0
     ).double()
     x = torch.randn(2, 5, 64, dtype=torch.float64)
@@ -167,7 +167,7 @@ def test_inference_lambda_follows_the_weights():
     """Without grad the layer computes lambda in the C++ kernel at every call: an in-place update, even one through
     .data (which bumps no version), is used at once, as on the autograd path."""
     torch.manual_seed(1)
-    attn = DiffAttention(layer_config(num_attention_heads=2, num_key_value_heads=2), 1).eval()
+    attn = SplitHeadAttention(layer_config(num_attention_heads=2, num_key_value_heads=2), 1).eval()
     x = torch.randn(1, 5, 64)
     cos, sin = RotaryEmbedding(dim=attn.map_head_dim)(x, torch.arange(5)[None])
 
@@ -200,7 +200,7 @@ def test_hooks_on_the_norm_and_lambda_modules_see_every_call(queries):
     """The layer calls its per-head norm and its lambda module as modules (accelerate's offload loads their weights
     in hooks; PEFT wraps the lambda vectors): forward hooks on both see the decode step and the prefill."""
     torch.manual_seed(2)
-    attn = DiffAttention(layer_config(num_attention_heads=2, num_key_value_heads=2), 2).eval()
+    attn = SplitHeadAttention(layer_config(num_attention_heads=2, num_key_value_heads=2), 2).eval()
     with torch.no_grad():
         attn.subln.weight.uniform_(0.5, 1.5)
     x = torch.randn(1, queries, 64)
@@ -211,4 +211,4 @@ def test_hooks_on_the_norm_and_lambda_modules_see_every_call(queries):
     attn.lambda_vectors.register_forward_hook(lambda module, args, out: calls.append(("lambda", float(out))))
     with torch.no_grad():
         attn(x, (cos, sin))
-    assert calls == [("lambda", pytest.approx(expected_lambda, rel=1e-5)), ("norm", (1, 2, queries, 32))]
+    assert calls == [("lambda", pytest.approx(expected_lambda, rel=1e-5)), ("norm", (1, queries, 2, 32))]

@@ -13,8 +13,10 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, StaticCache
 
 from difftransformer import DiffTransformerConfig, DiffTransformerForCausalLM, DiffTransformerModel
-from difftransformer.layers import KINDS, DiffAttention, attention_logits_hook
+from difftransformer.layers import SplitHeadAttention, attention_logits_hook
+from difftransformer.models import matched_config
 from helpers import random_model, tiny_config
+from kind_table import ALL_FIELDS
 from naive_model import checkpoint_state, naive_causal_lm
 
 DIFF_VARIANTS = [
@@ -24,10 +26,10 @@ DIFF_VARIANTS = [
     for subln in ("affine", "plain", "none")
 ]
 OTHER_VARIANTS = [
+    *ALL_FIELDS.values(),
     dict(attention="softmax", num_attention_heads=4, num_key_value_heads=4),
     dict(attention="softmax", num_attention_heads=4, num_key_value_heads=2, rope_style="half"),
     dict(attention="diff_v2", num_attention_heads=4, num_key_value_heads=4),
-    dict(attention="diff_v2", num_attention_heads=4, num_key_value_heads=2),
     dict(attention="diff", lambda_init=0.5),
     dict(attention="diff", causal=False),
     dict(attention="diff", tie_word_embeddings=True),
@@ -44,12 +46,13 @@ OTHER_VARIANTS = [
     dict(
         attention="gda", num_attention_heads=2, gda_ratio=2, num_key_value_heads=1, map_dim=8, lambda_init=0.5
     ),
-    dict(attention="gated", num_attention_heads=4, num_key_value_heads=4),
     dict(attention="gated", num_attention_heads=4, num_key_value_heads=2, rope_style="half"),
+    dict(
+        attention="motif", num_attention_heads=4, num_key_value_heads=1, sliding_window=5, rope_style="half"
+    ),
 ]
 GDA = dict(attention="gda", num_attention_heads=4, gda_ratio=2, num_key_value_heads=2, map_dim=6)
-GATED = dict(attention="gated", num_attention_heads=4, num_key_value_heads=2)
-ALL_KINDS = [dict(attention="diff", num_key_value_heads=1), OTHER_VARIANTS[1], OTHER_VARIANTS[3], GDA, GATED]
+ALL_KINDS = list(ALL_FIELDS.values())
 
 
 def variant_id(fields: dict) -> str:
@@ -95,7 +98,7 @@ def test_every_attention_implementation_gives_the_same_model(fields, implementat
 
 
 @pytest.mark.parametrize(
-    "fields", [DIFF_VARIANTS[4], DIFF_VARIANTS[9], OTHER_VARIANTS[5], GDA], ids=variant_id
+    "fields", [DIFF_VARIANTS[4], DIFF_VARIANTS[9], dict(attention="diff", causal=False), GDA], ids=variant_id
 )
 def test_float32_model_on_the_fused_cpu_kernel_matches_float64(fields):
     """The path training takes on CPU: logits and every parameter gradient against the float64 model."""
@@ -199,7 +202,7 @@ def test_parameter_counts_differ_by_lambda_vectors_and_gain():
     # baseline's), o_proj reads 3 heads of 16 (48 columns, the baseline's 32), one KV group (16 K and 16 V rows, the
     # baseline's 32 each), lambda vectors (4 x 8) and the gain (16)
     baseline = tiny_config(attention="softmax", num_attention_heads=4)
-    gda = KINDS["gda"].match(baseline, gda_ratio=3)
+    gda = matched_config(baseline, "gda", gda_ratio=3)
     extra = (
         DiffTransformerForCausalLM(gda).num_parameters()
         - DiffTransformerForCausalLM(baseline).num_parameters()
@@ -286,7 +289,7 @@ def test_logits_hook_sees_every_component_map_and_its_result_is_used():
     with attention_logits_hook(model, lambda module, logits: logits * 0):
         flattened = model(ids).logits
     assert not torch.allclose(flattened, plain)
-    assert all(m.logits_hook is None for m in model.modules() if isinstance(m, DiffAttention))
+    assert all(m.logits_hook is None for m in model.modules() if isinstance(m, SplitHeadAttention))
 
 
 def test_save_and_load_round_trip_bit_exactly(tmp_path):
@@ -407,12 +410,12 @@ def test_return_dict_false_gives_tuples(fields):
 
 @pytest.mark.parametrize("fields", ALL_KINDS, ids=variant_id)
 def test_bfloat16_load_keeps_only_the_lambda_vectors_in_float32(fields, tmp_path):
-    """DIFF V1's and GDA's lambda vectors stay float32 (their own module, so FSDP2 can group them); every other module's
-    parameters are uniformly bfloat16; lambda is still computed in float32."""
+    """The scalar lambda's vectors (DIFF V1, GDA, any composition with it) stay float32 (their own module, so FSDP2
+    can group them); every other module's parameters are uniformly bfloat16; lambda is still computed in float32."""
     model = random_model(seed=12, dtype=torch.float32, **fields)
     model.save_pretrained(tmp_path)
     loaded = DiffTransformerForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
-    is_diff = fields["attention"] in ("diff", "gda")  # the kinds with lambda vectors
+    is_diff = model.config.lambda_mode == "scalar"  # the parts with lambda vectors
     assert loaded._keep_in_fp32_modules_strict == ({"lambda_vectors"} if is_diff else set())
     for name, module in loaded.named_modules():
         dtypes = {p.dtype for p in module.parameters(recurse=False)}

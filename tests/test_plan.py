@@ -12,6 +12,7 @@ import torch
 
 from difftransformer import DiffTransformerConfig, DiffTransformerForCausalLM
 from difftransformer.cli import main
+from difftransformer.models import KINDS
 from difftransformer.train import plan as plan_module
 from difftransformer.train.plan import (
     ADAMW_STATE_BYTES,
@@ -260,14 +261,14 @@ def test_plan_times_each_models_steps_on_this_machine(capsys):
     )
     out = capsys.readouterr().out
     assert "training time of one run on this machine (6,000 steps, 1 threads, timed over 2 steps" in out
-    lines = out.split("training time of one run")[1].splitlines()[1:6]
+    lines = out.split("training time of one run")[1].splitlines()[1 : 1 + len(KINDS)]
     names = []
     for line in lines:
         found = re.fullmatch(r"  (\S+(?: \S+)?) +([0-9.]+) min  \(([0-9.]+) s a step\)", line)
         assert found and float(found[2]) > 0, line
         assert float(found[3]) * 6000 / 60 == pytest.approx(float(found[2]), abs=0.06)
         names.append(found[1])
-    assert names == ["DIFF", "GDA", "DIFF V2", "Gated attention", "Transformer"]
+    assert names == [kind.label for kind in KINDS.values()]
     assert len({line.index(" min") for line in lines}) == 1  # one column
 
 

@@ -1,8 +1,10 @@
-"""Upcycling a pretrained softmax model to DIFF V2, DIFF V1, GDA and gated attention: the same logits at step 0
-(relative 1e-5, float32), every new parameter trainable, and ``train --init-from`` continuing the result."""
+"""Upcycling a pretrained softmax model to DIFF V2, DIFF V1, GDA, gated attention and the compositions of parts
+where an exact construction exists: the same logits at step 0 (relative 1e-5, float32), every new parameter
+trainable, a one-line refusal where none exists, and ``train --init-from`` continuing the result."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -11,6 +13,8 @@ import torch
 from difftransformer import DiffTransformerForCausalLM
 from difftransformer.cli import main as cli_main
 from difftransformer.convert import ConversionError, initial_model, load_softmax, upcycle
+from difftransformer.models import PART_FIELDS, matched_config
+from kind_table import ALL_FIELDS
 from test_convert_llama import assert_same_logits, random_llama
 from test_train_support import small_tokenizer, synthetic_texts
 
@@ -79,6 +83,40 @@ def test_tied_and_rope_scaled_llamas_upcycle_exactly(attention, overrides):
     )  # 4 query heads on the one KV head: ratio 4 is exact
     with torch.no_grad():
         assert_same_logits(upcycle(load_softmax(llama), attention, **fields)(ids).logits, llama(ids).logits)
+
+
+@pytest.mark.parametrize("name", list(ALL_FIELDS))
+def test_every_kind_and_composition_upcycles_exactly_or_is_refused_saying_why(name):
+    """The construction is read off the parts (convert/upcycle.py): exact unless a layer is windowed, a per-token
+    lambda serves more than one signal head a noise map, or a noise map's group spans the source's KV groups (4
+    query heads over 2 KV heads here: G = 1 or 2)."""
+    fields = ALL_FIELDS[name]
+    parts = {key: value for key, value in fields.items() if key in PART_FIELDS}
+    llama = random_llama(2).float()
+    source = load_softmax(llama)
+    target = matched_config(source.config, fields["attention"], **parts).parts
+    windowed = any(target.windowed(layer) for layer in range(source.config.num_hidden_layers))
+    ratio = target.noise_ratio or 1
+    reason = (
+        "windows layers" if windowed
+        else "has no exact construction" if target.lambda_mode == "token" and ratio > 1
+        else "divides the source's query heads per KV head" if 2 % ratio
+        else None
+    )  # fmt: skip
+    if reason is not None:
+        with pytest.raises(ConversionError, match=reason) as refused:
+            upcycle(source, fields["attention"], **parts)
+        assert "\n" not in str(refused.value)
+        return
+    model = upcycle(source, fields["attention"], **parts)
+    assert model.config.parts == dataclasses.replace(target, norm="none")
+    ids = torch.randint(0, 101, (2, 23))
+    with torch.no_grad():
+        assert_same_logits(model(ids).logits, llama(ids).logits)
+    backward(model, ids)
+    assert all(param.grad is not None for param in model.parameters())
+    lambdas = [param.grad for n, param in model.named_parameters() if "lambda" in n]
+    assert all(grad.abs().max() > 0 for grad in lambdas)  # lambda trains at the first backward
 
 
 def test_upcycling_keeps_bf16_and_our_own_softmax_folders_upcycle_too(tmp_path):
@@ -166,7 +204,10 @@ def test_gda_upcycles_exactly_where_its_ratio_divides_the_query_heads_of_a_kv_he
     assert cli_main([*argv, "--output-dir", str(tmp_path / "gda4")]) == 2
     assert "--gda-ratio divides the source's query heads per KV head (4 / 2 = 2)" in capsys.readouterr().err
     assert cli_main([*argv[:-4], "--gda-ratio", "2", "--output-dir", str(tmp_path / "x")]) == 2
-    assert "--gda-ratio is for --attention gda" in capsys.readouterr().err
+    assert (
+        "--gda-ratio moves an upcycled kind with noise maps; got --attention softmax"
+        in capsys.readouterr().err
+    )
     backward(ours, ids)
     for name, param in lambda_parameters(ours).items():
         assert param.grad.abs().min() > 0, name
@@ -241,5 +282,6 @@ def test_compare_init_from_continues_and_upcycles_the_same_model(tmp_path, monke
     runs = json.loads((tmp_path / "compare" / "results.json").read_text())["runs"]
     assert [run["variant"] for run in runs] == ["softmax", "diff_v2", "diff"]
     for run in runs:
-        assert DiffTransformerForCausalLM.from_pretrained(run["folder"]).config.hidden_size == 64
+        folder = tmp_path / "compare" / run["folder"]  # results.json keys runs relative to the comparison
+        assert DiffTransformerForCausalLM.from_pretrained(folder).config.hidden_size == 64
     assert "DIFF V2" in (tmp_path / "compare" / "report.md").read_text()

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from difftransformer import DiffTransformerConfig, DiffTransformerForCausalLM
-from difftransformer.models import KINDS
+from difftransformer.models import matched_config
 from difftransformer.ops import diff_attention
 
 
@@ -72,9 +72,9 @@ def build_models(
     baseline = DiffTransformerForCausalLM(config.matched_baseline())
     models = {"diff": diff, "baseline": baseline, "diffllama": to_diffllama(diff)}
     for kind in kinds:
-        fields = {"gda_ratio": gda_ratio} if "gda_ratio" in KINDS[kind].fields else {}
+        fields = {"gda_ratio": gda_ratio} if kind == "gda" else {}
         torch.manual_seed(seed)
-        models[kind] = DiffTransformerForCausalLM(KINDS[kind].match(baseline.config, **fields))
+        models[kind] = DiffTransformerForCausalLM(matched_config(baseline.config, kind, **fields))
     return {name: model.to(device=device, dtype=dtype) for name, model in models.items()}
 
 

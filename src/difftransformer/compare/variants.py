@@ -1,14 +1,14 @@
-"""The models a comparison trains: an attention kind plus optional config overrides, e.g. ``diff(subln=none)``."""
+"""The models a comparison trains: an attention kind plus optional config overrides, e.g. ``diff(subln=none)`` or a
+composition of parts, ``diff_v2(output_gate=elementwise)`` (the part fields of layers/parts.py)."""
 
 from __future__ import annotations
 
 import ast
-import dataclasses
 import re
 from dataclasses import dataclass, field
 
 from difftransformer.errors import UsageError
-from difftransformer.models import ATTENTION_KINDS, KINDS, DiffTransformerConfig
+from difftransformer.models import ATTENTION_KINDS, KINDS, DiffTransformerConfig, matched_config
 
 KIND_LABELS = {name: kind.label for name, kind in KINDS.items()}
 BASELINE = "softmax"
@@ -51,18 +51,13 @@ class Variant:
         return self.kind == BASELINE and not self.overrides
 
     def config(self, base: DiffTransformerConfig) -> DiffTransformerConfig:
-        """``base`` (the preset's model of this kind) with the overrides applied; the kind's own fields (GDA's
-        gda_ratio) shape it again from the matched baseline by the kind's matching rule. A value the config refuses
-        is a UsageError naming this variant."""
+        """``base`` (the preset's model of this kind) with the overrides applied: the kind moved along the parts they
+        set and matched again to the baseline by the parts' rule (models/matching.py), so ``gda_ratio`` or
+        ``map_layout`` reshape the heads. A value the config refuses is a UsageError naming this variant."""
         if not self.overrides:
             return base
-        kind = KINDS[self.kind]
-        shaping = {key: value for key, value in self.overrides.items() if key in kind.fields}
-        rest = {key: value for key, value in self.overrides.items() if key not in kind.fields}
         try:
-            if shaping:
-                base = kind.match(base.matched_baseline(), **shaping)
-            return dataclasses.replace(base, **rest)
+            return matched_config(base.matched_baseline(), self.kind, **self.overrides)
         except (TypeError, ValueError) as err:
             raise UsageError(f"variant {self.spec()}: {err}") from err
 

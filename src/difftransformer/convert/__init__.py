@@ -5,10 +5,9 @@ same logits at step 0."""
 from difftransformer.convert.diffllama import from_diffllama, to_diffllama
 from difftransformer.convert.folders import ConversionError
 from difftransformer.convert.llama import from_llama, to_llama
-from difftransformer.convert.upcycle import UPCYCLE_KINDS, initial_model, load_softmax, upcycle
+from difftransformer.convert.upcycle import initial_model, load_softmax, upcycle
 
 __all__ = [
-    "UPCYCLE_KINDS",
     "ConversionError",
     "from_diffllama",
     "from_llama",

@@ -14,10 +14,10 @@ from typing import Literal
 from difftransformer.convert.diffllama import from_diffllama, to_diffllama
 from difftransformer.convert.folders import ConversionError, check_output, model_type, save_converted
 from difftransformer.convert.llama import to_llama
-from difftransformer.convert.upcycle import UPCYCLE_KINDS, load_softmax, upcycle
+from difftransformer.convert.upcycle import load_softmax, upcycle
 from difftransformer.errors import UsageError, check_seed
 from difftransformer.flags import add_flags, given
-from difftransformer.models import DiffTransformerConfig, DiffTransformerForCausalLM
+from difftransformer.models import ATTENTION_KINDS, DiffTransformerConfig, DiffTransformerForCausalLM
 from difftransformer.models.folders import load_model_folder
 from difftransformer.storage import check_input_dir, check_output_dir
 
@@ -58,22 +58,23 @@ class ConvertOptions:
         default=None,
         metadata={"help": "a new (or empty) folder for the converted model (safetensors); required"},
     )
-    attention: Literal[UPCYCLE_KINDS] = field(
+    attention: Literal[ATTENTION_KINDS] = field(
         default="softmax",
-        metadata={"help": "with --from-llama: softmax (the exact import), or diff_v2 / diff / gda / gated: upcycled, "
-                  "computing the same logits at step 0 with every new parameter trainable (docs/training.md)"},
+        metadata={"help": "with --from-llama: softmax (the exact import), or another kind: upcycled, computing the "
+                  "same logits at step 0 with every new parameter trainable, where an exact construction exists "
+                  "(docs/training.md)"},
     )  # fmt: skip
-    gda_ratio: int = field(
-        default=1,
-        metadata={"help": "with --attention gda: signal heads per noise map; it must divide the source's query "
-                  "heads per KV head (exact only then)"},
+    gda_ratio: int | None = field(
+        default=None,
+        metadata={"help": "with --attention of a kind with noise maps: signal heads per noise map; it must divide "
+                  "the source's query heads per KV head (exact only then) (default: the kind's)"},
     )  # fmt: skip
     rope_style: Literal["half", "interleaved"] = field(
         default="half",
         metadata={"help": "rotary pairing of the converted model (with --from-diffllama / --from-llama; both are "
                   "exact)"},
     )  # fmt: skip
-    seed: int = field(default=0, metadata={"help": "seed of DIFF V1's and GDA's upcycled lambda vectors"})
+    seed: int = field(default=0, metadata={"help": "seed of the upcycled scalar lambda's vectors"})
 
     def __post_init__(self) -> None:
         given_directions = [name for name in DIRECTIONS if getattr(self, name) is not None]
@@ -88,8 +89,8 @@ class ConvertOptions:
             raise ConversionError(
                 f"`attention` {self.attention} upcycles a `from_llama` source; got no `from_llama`"
             )
-        if self.gda_ratio != 1 and self.attention != "gda":
-            raise UsageError(f"`gda_ratio` is for `attention` gda; got `attention` {self.attention}")
+        if self.gda_ratio is not None and self.attention == "softmax":
+            raise UsageError("`gda_ratio` moves an upcycled kind with noise maps; got `attention` softmax")
         check_seed(self.seed)
 
     @property
@@ -140,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
             load_softmax(source, rope_style=options.rope_style),
             options.attention,
             seed=options.seed,
-            gda_ratio=options.gda_ratio,
+            **({} if options.gda_ratio is None else {"gda_ratio": options.gda_ratio}),
         )
     elif options.to_diffllama:
         converted = to_diffllama(_ours(source, "to_diffllama"))

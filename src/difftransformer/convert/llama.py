@@ -28,7 +28,7 @@ from difftransformer.convert.diffllama import (
 )
 from difftransformer.errors import UsageError
 from difftransformer.layers import interleaved_to_half_permutation
-from difftransformer.models import DiffTransformerConfig, DiffTransformerForCausalLM
+from difftransformer.models import KINDS, DiffTransformerConfig, DiffTransformerForCausalLM
 
 NO_NATIVE_COUNTERPART = {
     "diff": "DIFF V1 converts to transformers' DiffLlama instead: use to_diffllama (`convert --to-diffllama`)",
@@ -43,6 +43,10 @@ NO_NATIVE_COUNTERPART = {
     "gated": (
         "transformers' gated attention (Qwen3-Next) also normalises q and k and rotates a quarter of each head; "
         "share the folder as it is, which loads with trust_remote_code=True (docs/sharing.md)"
+    ),
+    "motif": (
+        "Motif's attention has no counterpart in transformers; share its folder as it is, which loads with "
+        "trust_remote_code=True where difftransformer is not installed (docs/sharing.md)"
     ),
 }
 
@@ -103,6 +107,11 @@ def to_llama(model: DiffTransformerForCausalLM) -> LlamaForCausalLM:
         raise ConversionError(
             f"attention must be 'softmax' to convert to Llama; got {config.attention!r}: "
             f"{NO_NATIVE_COUNTERPART.get(config.attention, '')}"
+        )
+    if config.parts != KINDS["softmax"].parts:
+        raise ConversionError(
+            f"Llama's attention is the softmax baseline's parts ({KINDS['softmax'].parts}); got {config.parts}: share "
+            "the folder as it is, which loads with trust_remote_code=True (docs/sharing.md)"
         )
     if not config.causal:
         raise ConversionError("causal must be True to convert to Llama (a causal language model); got False")

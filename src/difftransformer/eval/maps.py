@@ -2,12 +2,12 @@
 of attention on an answer and on the rest of the context (the ``attention`` and ``mqar`` tasks), and the panels of
 the ``attention`` task's heatmaps (a DIFF layer's two maps beside their difference).
 
-Our models return their combined map with ``output_attentions``: A1 - lambda A2 for DIFF V1 and GDA (a noise map
-shared by its signal heads), A_{2i} - sigmoid(lambda_i) A_{2i+1} for DIFF V2, the softmax map for the baseline and
-gated attention (whose gate scales the heads' outputs, not their maps); each kind declares which (layers/kinds.py). A transformers DiffLlama returns its 2h component maps,
-combined here as head j minus lambda times head j + h (its pairing); any other model its softmax maps. The two maps
-of a DIFF head come from the logits :func:`difftransformer.layers.attention_logits_hook` shows (Q1 K1^T and Q2 K2^T,
-or the paired query heads of V2), masked causally and normalised as the layer does.
+Our models return their combined map with ``output_attentions``: each signal head's map minus lambda times its noise
+map's (A1 - lambda A2 for DIFF V1 and GDA, A_s - sigmoid(lambda_s) A_noise(s) for DIFF V2 and Motif), the softmax
+map for kinds without noise maps (the baseline, gated attention, whose gate scales the heads' outputs, not their
+maps); the parts declare which (layers/parts.py), and the layers give the two maps beside their difference
+(``output_component_maps``). A transformers DiffLlama returns its 2h component maps, combined here as head j minus
+lambda times head j + h (its pairing); any other model its softmax maps.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch import nn
 
 from difftransformer.errors import UsageError
 from difftransformer.eval.common import is_difftransformer
-from difftransformer.eval.logits import attention_logits, visible_keys
+from difftransformer.eval.logits import attention_logits
 
 
 def _diffllama_lambdas(model: nn.Module) -> list[torch.Tensor]:
@@ -107,9 +107,10 @@ def heatmap_panels(model: nn.Module, input_ids: torch.Tensor, head: int | None =
     """Per layer the maps of one prompt (``input_ids`` (1, T)) that the paper's figure of attention scores shows,
     averaged over heads (``head`` None) or of one head (of the combined map's heads, :func:`combined_heads`).
 
-    DIFF V1 and GDA (ours) or a DiffLlama: A1, A2 and A1 - lambda A2, lambda in the title. DIFF V2: A_{2i},
-    A_{2i+1} and the gated difference A_{2i} - sigmoid(lambda_i) A_{2i+1} (lambda_i differs by token, so no single
-    value is shown). Any other model: its softmax map. The difference is the map the layer computes its output from
+    Ours with noise maps (the layers' ``output_component_maps``) or a DiffLlama: each signal head's map A1, its
+    noise map A2 and A1 - lambda A2, lambda in the title with the scalar lambda; with the per-token lambda (DIFF V2,
+    Motif) A(s), A(noise(s)) and A(s) - sigmoid(lambda_s) A(noise(s)) (lambda differs by token, so no single value
+    is shown). Any other model: its softmax map. The difference is the map the layer computes its output from
     (``output_attentions``), not recomputed here.
     """
     check_head(model, head)
@@ -118,31 +119,17 @@ def heatmap_panels(model: nn.Module, input_ids: torch.Tensor, head: int | None =
         chosen = maps[0].float().mean(0) if head is None else maps[0, head].float()
         return chosen.cpu().numpy()
 
-    # what the layers return, as the model's kind declares it; a model without a declaration (its maps only) as softmax
-    facts = getattr(model.config, "kind_facts", None) if is_difftransformer(model) else None
-    maps_returned = facts()["maps"] if facts is not None else "softmax"
-    if maps_returned in ("lambda", "gate"):
-        logits: list[torch.Tensor] = []
-
-        def capture(module: nn.Module, layer_logits: torch.Tensor) -> torch.Tensor:
-            logits.append(layer_logits.detach())
-            return layer_logits
-
-        from difftransformer.layers import attention_logits_hook
-
-        with attention_logits_hook(model, capture) as modules:
-            combined = model(input_ids=input_ids, output_attentions=True, use_cache=False).attentions
+    # the layers' own maps, as the model's parts declare them; a model without parts (its maps only) as softmax
+    parts = model.config.parts if is_difftransformer(model) else None
+    if parts is not None and parts.differential:
+        out = model(input_ids=input_ids, output_attentions=True, output_component_maps=True, use_cache=False)
+        modules = [m for m in model.modules() if hasattr(m, "logits_hook")]
         panels = []
-        for module, layer_logits, difference in zip(modules, logits, combined):
-            t, s = layer_logits.shape[-2:]
-            visible = visible_keys(t, s, layer_logits.device)
-            maps = torch.softmax(layer_logits.float().masked_fill(~visible, float("-inf")), dim=-1)
-            first, second = maps[:, 0::2], maps[:, 1::2]
-            if maps_returned == "lambda":
-                lam = float(module.lambda_full())
-                titles = ("A1", "A2", f"A1 - {lam:.3f} A2")
+        for module, (difference, first, second) in zip(modules, out.attentions):
+            if parts.lambda_mode == "scalar":
+                titles = ("A1", "A2", f"A1 - {float(module.lambda_full()):.3f} A2")
             else:
-                titles = ("A(2i)", "A(2i+1)", "A(2i) - sigmoid(lambda_i) A(2i+1)")
+                titles = ("A(s)", "A(noise(s))", "A(s) - sigmoid(lambda_s) A(noise(s))")
             panels.append(list(zip(titles, (pick(first), pick(second), pick(difference)))))
         return panels
     if _is_diffllama(model):

@@ -1,14 +1,13 @@
-"""Torch modules: norms, rotary embedding, SwiGLU, the attention modules (one interface) and the attention kinds
-that declare them (:mod:`~difftransformer.layers.kinds`)."""
+"""Torch modules: norms, rotary embedding, SwiGLU, the two map layouts of attention (one interface), the space of
+parts they are built from (:mod:`~difftransformer.layers.parts`) and the attention kinds, named points of it
+(:mod:`~difftransformer.layers.kinds`)."""
 
-from difftransformer.layers.diff_attention import SUBLN_MODES, DiffAttention, LambdaVectors, SublnMode
-from difftransformer.layers.diff_attention_v2 import DiffAttentionV2
-from difftransformer.layers.gated_attention import GatedAttention
-from difftransformer.layers.grouped_diff_attention import GroupedDiffAttention
 from difftransformer.layers.hooks import LogitsHook, attention_logits_hook
-from difftransformer.layers.kinds import KIND_FACTS, KINDS, AttentionKind
+from difftransformer.layers.kinds import KINDS, AttentionKind
 from difftransformer.layers.mlp import SwiGLU
 from difftransformer.layers.norm import RMSNorm
+from difftransformer.layers.parts import AttentionParts
+from difftransformer.layers.parts_attention import LambdaVectors, PartsAttention
 from difftransformer.layers.rotary import (
     ROPE_STYLES,
     RopeStyle,
@@ -16,26 +15,23 @@ from difftransformer.layers.rotary import (
     apply_rotary,
     interleaved_to_half_permutation,
 )
-from difftransformer.layers.softmax_attention import SoftmaxAttention, eager_attention_forward
+from difftransformer.layers.split_heads import SplitHeadAttention
+from difftransformer.layers.whole_heads import WholeHeadAttention, eager_attention_forward
 
 __all__ = [
     "KINDS",
-    "KIND_FACTS",
     "ROPE_STYLES",
-    "SUBLN_MODES",
     "AttentionKind",
-    "DiffAttention",
-    "DiffAttentionV2",
-    "GatedAttention",
-    "GroupedDiffAttention",
+    "AttentionParts",
     "LambdaVectors",
     "LogitsHook",
+    "PartsAttention",
     "RMSNorm",
     "RopeStyle",
     "RotaryEmbedding",
-    "SoftmaxAttention",
-    "SublnMode",
+    "SplitHeadAttention",
     "SwiGLU",
+    "WholeHeadAttention",
     "apply_rotary",
     "attention_logits_hook",
     "eager_attention_forward",

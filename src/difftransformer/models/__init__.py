@@ -3,7 +3,10 @@
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from difftransformer.layers.kinds import KINDS, AttentionKind
-from difftransformer.models.configuration import ATTENTION_KINDS, DiffTransformerConfig
+from difftransformer.layers.parts import AttentionParts
+from difftransformer.models.configuration import ATTENTION_KINDS, PART_FIELDS, DiffTransformerConfig
+from difftransformer.models.flops import Flops, training_flops
+from difftransformer.models.matching import matched_config, matching_rule
 from difftransformer.models.modeling import (
     DiffTransformerForCausalLM,
     DiffTransformerModel,
@@ -17,9 +20,15 @@ AutoModelForCausalLM.register(DiffTransformerConfig, DiffTransformerForCausalLM,
 __all__ = [
     "ATTENTION_KINDS",
     "KINDS",
+    "PART_FIELDS",
     "AttentionKind",
+    "AttentionParts",
     "DiffTransformerConfig",
     "DiffTransformerForCausalLM",
     "DiffTransformerModel",
     "DiffTransformerPreTrainedModel",
+    "Flops",
+    "matched_config",
+    "matching_rule",
+    "training_flops",
 ]

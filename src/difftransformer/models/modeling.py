@@ -1,5 +1,6 @@
-"""The attention kinds' language models (DIFF V1, GDA, DIFF V2, gated attention and the matched softmax Transformer)
-as Hugging Face causal language models; each layer's attention is its kind's module (layers/kinds.py)."""
+"""The attention kinds' language models (DIFF V1, GDA, DIFF V2, gated attention, Motif's attention, their
+compositions and the matched softmax Transformer) as Hugging Face causal language models; each layer's attention is
+the module of its map layout, built from the configuration's parts (layers/parts.py)."""
 
 from __future__ import annotations
 
@@ -13,29 +14,37 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.conversion_mapping import register_checkpoint_conversion_mapping
 from transformers.core_model_loading import WeightRenaming, WeightTransform
-from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.masking_utils import (
+    create_bidirectional_mask,
+    create_causal_mask,
+    create_sliding_window_causal_mask,
+)
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import can_return_tuple
 
-from difftransformer.layers.diff_attention import LambdaVectors
-from difftransformer.layers.kinds import KINDS
 from difftransformer.layers.mlp import SwiGLU
 from difftransformer.layers.norm import RMSNorm
+from difftransformer.layers.parts import FULL, LAMBDA_RENAMINGS, SLIDING
+from difftransformer.layers.parts_attention import LambdaVectors
 from difftransformer.layers.rotary import RotaryEmbedding
+from difftransformer.layers.split_heads import SplitHeadAttention
+from difftransformer.layers.whole_heads import WholeHeadAttention
 from difftransformer.models.configuration import DiffTransformerConfig
 from difftransformer.models.loading import strict_from_pretrained
 from difftransformer.ops.diff_attention import check_implementation
 
-# DIFF V1's and GDA's lambda vectors live in their own float32 submodule and are saved under those names
+# The scalar lambda's vectors live in their own float32 submodule and are saved under those names
 # (`self_attn.lambda_vectors.q1` ...), so that tools reading the file by parameter name (accelerate's
 # load_checkpoint_and_dispatch) find them. The Llama-family names of the paper's code and DiffLlama
 # (`self_attn.lambda_q1` ...) are the "original format" of transformers' conversion machinery: folders saved with
 # them still load (this mapping on from_pretrained, _load_from_state_dict on load_state_dict), and
-# revert_weight_conversion gives them (the DiffLlama conversion reads it). The kinds declare them (their
-# ``renamings``); transformers keys the mapping by model type, which the kinds share.
-LAMBDA_KEYS = {old: new for kind in KINDS.values() for old, new in kind.renamings.items()}
+# revert_weight_conversion gives them (the DiffLlama conversion reads it). The parts declare them (their
+# ``renamings``); transformers keys the mapping by model type, which every configuration shares.
+LAMBDA_KEYS = LAMBDA_RENAMINGS
+# The attention module of each map layout.
+LAYOUTS = {"split": SplitHeadAttention, "whole": WholeHeadAttention}
 
 
 def lambda_renamings() -> list[WeightRenaming]:
@@ -56,7 +65,8 @@ class DiffTransformerDecoderLayer(GradientCheckpointingLayer):
     def __init__(self, config: DiffTransformerConfig, layer_idx: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.self_attn = KINDS[config.attention].layer(config, layer_idx)
+        self.self_attn = LAYOUTS[config.map_layout](config, layer_idx)
+        self.attention_type = config.layer_types[layer_idx]
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
 
@@ -91,9 +101,9 @@ class DiffTransformerPreTrainedModel(PreTrainedModel):
 
     def __init__(self, config: DiffTransformerConfig, *inputs, **kwargs) -> None:
         super().__init__(config, *inputs, **kwargs)
-        # exp() of a half-precision dot product is too coarse for lambda: DIFF V1 and GDA load their lambda vectors in
-        # float32 whatever the dtype (their own submodule, so that FSDP2 groups them apart from the bf16 projections).
-        self._keep_in_fp32_modules_strict = list(KINDS[config.attention].keep_in_fp32)
+        # exp() of a half-precision dot product is too coarse for lambda: the scalar lambda's vectors load in float32
+        # whatever the dtype (their own submodule, so that FSDP2 groups them apart from the bf16 projections).
+        self._keep_in_fp32_modules_strict = list(config.parts.keep_in_fp32)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
@@ -230,24 +240,31 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
         position_ids: torch.Tensor | None,
         output_attentions: bool,
         paged: bool,
-    ) -> torch.Tensor | None:
-        """The layers' mask, as transformers' ``masking_utils`` builds it for the attention implementation (causal
-        or bidirectional, padding, packed documents in the given ``position_ids``, the cache's offsets), or None
-        where the implementation's own causal or full attention is exact."""
+    ) -> dict[str, torch.Tensor | None]:
+        """The layers' masks by layer type ("full_attention", and "sliding_attention" where the parts window a
+        layer), as transformers' ``masking_utils`` builds them for the attention implementation (causal or
+        bidirectional, the window, padding, packed documents in the given ``position_ids``, the cache's offsets),
+        or None where the implementation's own causal or full attention is exact."""
         config = mask_config(self.config, output_attentions)
         if isinstance(attention_mask, torch.Tensor):
             check_mask_shape(attention_mask, inputs_embeds.shape[:2], past_key_values, paged)
         # Deciding that a padding mask hides nothing reads it back: free on the CPU, a device stall elsewhere.
         may_skip = attention_mask is None or attention_mask.is_cpu
         if not self.config.causal:
-            return create_bidirectional_mask(
-                config, inputs_embeds, attention_mask, past_key_values=past_key_values,
-                allow_is_bidirectional_skip=may_skip,
-            )  # fmt: skip
-        return create_causal_mask(
-            config, inputs_embeds, attention_mask, past_key_values, position_ids=position_ids,
-            allow_is_causal_skip=may_skip,
+            return {
+                FULL: create_bidirectional_mask(
+                    config, inputs_embeds, attention_mask, past_key_values=past_key_values,
+                    allow_is_bidirectional_skip=may_skip,
+                )
+            }  # fmt: skip
+        arguments = dict(
+            config=config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+            past_key_values=past_key_values, position_ids=position_ids, allow_is_causal_skip=may_skip,
         )  # fmt: skip
+        masks = {FULL: create_causal_mask(**arguments)}
+        if SLIDING in self.config.layer_types:
+            masks[SLIDING] = create_sliding_window_causal_mask(**arguments)
+        return masks
 
     @can_return_tuple
     def forward(
@@ -301,7 +318,7 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
         # The mask before a new cache: an empty cache changes no size, and without one the positions a caller gives
         # are read for packed documents (restarting positions; ours never restart, so they are not read).
         paged = kwargs.get("cache") is not None  # continuous batching's paged cache, read by the attention
-        mask = self.attention_mask(
+        masks = self.attention_mask(
             inputs_embeds, attention_mask, past_key_values, position_ids, output_attentions, paged
         )
         if position_ids is None:
@@ -321,7 +338,7 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
             hidden_states, attn_map = layer(
                 hidden_states,
                 position_embeddings,
-                attention_mask=mask,
+                attention_mask=masks[layer.attention_type],
                 past_key_values=past_key_values,
                 output_attentions=output_attentions,
                 **kwargs,

@@ -8,8 +8,9 @@ in that one file). Both are generated from the package's sources (``models/confi
 ``models/modeling.py`` with the ``ops`` and ``layers`` modules it imports, at any depth), as transformers generates
 its ``modeling_*.py`` from modular sources:
 
-- the configuration file is the configuration module, each name it imports from the package written as the
-  literal it is (tuples, dicts, strings, numbers: the attention kinds' facts among them);
+- the configuration file is the configuration module with the plain-data modules it reads held whole before it
+  (:data:`CONFIGURATION_MODULES`: the space of attention parts and the kinds declared in it), each other name it
+  imports from the package written as the literal it is (tuples, dicts, strings, numbers);
 - the modeling file is every module the modeling module needs, dependencies first, each under a comment naming its
   source, with package imports dropped (the names are the file's own) and outside imports gathered at the top; it
   imports the configuration from the file beside it.
@@ -42,11 +43,14 @@ CONFIGURATION_MODULE = f"{PACKAGE}.models.configuration"
 MODELING_MODULE = f"{PACKAGE}.models.modeling"
 CONFIGURATION_FILE = "configuration_difftransformer.py"
 MODELING_FILE = "modeling_difftransformer.py"
+# Plain-data modules (no torch) the configuration file holds whole; the modeling file imports their names from it.
+CONFIGURATION_MODULES = frozenset({f"{PACKAGE}.layers.parts", f"{PACKAGE}.layers.kinds"})
 # Modules the flat files leave out (what they need the package for): a name imported from one is None there.
 PACKAGE_ONLY = frozenset(
     {f"{PACKAGE}.ops.fused_cpu", f"{PACKAGE}.ops.blocked", f"{PACKAGE}.models.remote_code"}
 )
 PACKAGE_ONLY_NOTE = "# package-only (models/remote_code.py): not in this file"
+LINE_LENGTH = 110  # the project's formatter's (pyproject.toml)
 
 
 class ExportError(RuntimeError):
@@ -201,6 +205,8 @@ def _literal_imports(module: _Module) -> list[str]:
     package-only module)."""
     lines = []
     for node in _package_imports(module):
+        if node.module in CONFIGURATION_MODULES:
+            continue  # held whole in the file
         if node.module in PACKAGE_ONLY:
             lines += [f"{alias.asname or alias.name} = None  {PACKAGE_ONLY_NOTE}" for alias in node.names]
             continue
@@ -261,8 +267,13 @@ def _import_block(statements: list[str]) -> str:
         module = line.removeprefix("import ").split(" as ")[0]
         groups[group(0, module)].append((0, module, line))
     for (level, module), found in names.items():
-        listed = ", ".join(a.name for a in sorted(found.values(), key=_name_order))
-        groups[group(level, module)].append((1, module, f"from {'.' * level}{module} import {listed}"))
+        ordered = [a.name for a in sorted(found.values(), key=_name_order)]
+        line = f"from {'.' * level}{module} import {', '.join(ordered)}"
+        if len(line) > LINE_LENGTH:  # as the formatter wraps it: one name a line, a trailing comma
+            line = (
+                f"from {'.' * level}{module} import (\n" + "".join(f"    {name},\n" for name in ordered) + ")"
+            )
+        groups[group(level, module)].append((1, module, line))
     for level, module, name, asname in aliased:
         groups[group(level, module)].append(
             (1, module, f"from {'.' * level}{module} import {name} as {asname}")
@@ -295,24 +306,43 @@ def _file(docstring: str, imports: list[str], sections: list[str], epilogue: lis
     return f"{head}{gap}{body}\n"
 
 
+def _held_modules() -> list[_Module]:
+    """The :data:`CONFIGURATION_MODULES`, dependencies first."""
+    module = _load(CONFIGURATION_MODULE)
+    others = frozenset(n.module for n in _package_imports(module) if n.module not in CONFIGURATION_MODULES)
+    return [m for m in _closure(CONFIGURATION_MODULE, stop=others) if m.name in CONFIGURATION_MODULES]
+
+
 def _configuration_body() -> str:
     module = _load(CONFIGURATION_MODULE)
     imports, body = _body(module)
+    sections = []
+    for held in _held_modules():
+        held_imports, held_body = _body(held)
+        imports += held_imports
+        sections.append("\n".join(_docstring_comment(held)) + "\n" + "\n\n\n".join(held_body))
     constants = "\n".join(_literal_imports(module))
-    doc = f"The Differential Transformer's configuration, generated from {module.source_path}."
-    return _file(doc, imports, [constants, "\n\n\n".join(body)], _auto_registrations(CONFIGURATION_FILE))
+    doc = f"The Differential Transformer's configuration, generated from {module.source_path} and the modules it holds."
+    sections += [constants, "\n\n\n".join(body)]
+    return _file(doc, imports, sections, _auto_registrations(CONFIGURATION_FILE))
 
 
 def _modeling_body() -> str:
-    configuration = _load(CONFIGURATION_MODULE)
-    modules = _closure(MODELING_MODULE, stop=frozenset({CONFIGURATION_MODULE}))
-    defined: dict[str, str] = {name: CONFIGURATION_MODULE for name in _defined_names(configuration)}
+    in_configuration = frozenset({CONFIGURATION_MODULE, *CONFIGURATION_MODULES})
+    modules = _closure(MODELING_MODULE, stop=in_configuration)
+    defined: dict[str, str] = {
+        name: CONFIGURATION_MODULE
+        for held in (_load(CONFIGURATION_MODULE), *_held_modules())
+        for name in _defined_names(held)
+    }
     from_configuration = sorted(
-        alias.name
-        for module in modules
-        for node in _package_imports(module)
-        if node.module == CONFIGURATION_MODULE
-        for alias in node.names
+        {
+            alias.name
+            for module in modules
+            for node in _package_imports(module)
+            if node.module in in_configuration
+            for alias in node.names
+        }
     )
     imports = [f"from .{CONFIGURATION_FILE.removesuffix('.py')} import {', '.join(from_configuration)}"]
     sections = []

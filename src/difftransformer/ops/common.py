@@ -4,6 +4,10 @@ Layout ("paired": the authors' adjacent sub-heads, docs/architecture.md "Head la
 q (B, h, T, 2d) with Q1 in ``[..., :d]`` and Q2 in ``[..., d:]``; k (B, h_kv, S, 2d) likewise with K1 | K2;
 v (B, h_kv, S, 2d). Head i reads KV group i // (h / h_kv). q, k and v are plain views of the projections'
 outputs, and a KV cache stores k and v with the same head count and width, as for a standard attention.
+
+lambda, the second map's weight, is the layer's scalar (a float, or a 0-d tensor that keeps its gradient), or one a
+head and query: a (B or 1, h, T, 1) tensor (the per-token lambda of layers/parts.py), which every PyTorch backend
+takes and the C++ kernels and the blocked path do not (:func:`per_token`).
 """
 
 from __future__ import annotations
@@ -11,10 +15,16 @@ from __future__ import annotations
 import torch
 
 
+def per_token(lambda_full: torch.Tensor | float) -> bool:
+    """Whether lambda is one a head and query (a tensor with dims), not the layer's scalar."""
+    return isinstance(lambda_full, torch.Tensor) and lambda_full.dim() > 0
+
+
 def check_diff_inputs(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lambda_full: torch.Tensor | float = 0.0
 ) -> tuple[int, int, int, int, int, int]:
-    """Validate the paired layout and return ``(batch, heads, kv_heads, q_len, kv_len, d)``."""
+    """Validate the paired layout (and a per-token ``lambda_full``'s shape) and return
+    ``(batch, heads, kv_heads, q_len, kv_len, d)``."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
             f"q, k, v must be 4-D (batch, heads, seq, 2d); got q {tuple(q.shape)}, k {tuple(k.shape)}, "
@@ -34,6 +44,14 @@ def check_diff_inputs(
         raise ValueError(f"differential heads ({heads}) must be a multiple of KV heads ({kv_heads})")
     if q_len > kv_len:
         raise ValueError(f"query length ({q_len}) cannot exceed key length ({kv_len})")
+    if per_token(lambda_full) and (
+        lambda_full.dim() != 4
+        or lambda_full.shape[0] not in (1, batch)
+        or lambda_full.shape[1:] != (heads, q_len, 1)
+    ):
+        raise ValueError(
+            f"a per-token lambda must be ({batch} or 1, {heads}, {q_len}, 1); got {tuple(lambda_full.shape)}"
+        )
     return batch, heads, kv_heads, q_len, kv_len, width // 2
 
 

@@ -18,7 +18,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from difftransformer.ops.common import build_attend_mask, check_diff_inputs
+from difftransformer.ops.common import build_attend_mask, check_diff_inputs, per_token
 
 
 def _build_selector(dtype: torch.dtype, device: torch.device, scale: float) -> torch.Tensor:
@@ -54,10 +54,10 @@ def diff_attention_decode(
     Args:
         q: (B, h, T, 2d) with T small (a decode step or a short block of queries).
         k, v: (B, h_kv, S, 2d), typically a KV cache, read in place.
-        lambda_full: scalar lambda.
+        lambda_full: the scalar lambda, or per token (B or 1, h, T, 1).
         causal, attn_mask, scale: as for the reference (causal aligned bottom-right).
     """
-    batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v)
+    batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v, lambda_full)
     n_rep = heads // kv_heads
     scale = head_dim**-0.5 if scale is None else scale
     select = _selector(q.dtype, q.device, scale)
@@ -71,4 +71,6 @@ def diff_attention_decode(
     ).reshape(batch, kv_heads, 2, n_rep, q_len, 2 * head_dim)  # SDPA may return any layout
     if isinstance(lambda_full, torch.Tensor):
         lambda_full = lambda_full.to(out.dtype)
+    if per_token(lambda_full):  # (B, h, T, 1) as the output's (B, h_kv, n_rep, T, 1)
+        lambda_full = lambda_full.unflatten(1, (kv_heads, n_rep))
     return (out[:, :, 0] - lambda_full * out[:, :, 1]).reshape(batch, heads, q_len, 2 * head_dim)

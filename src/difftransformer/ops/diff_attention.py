@@ -16,6 +16,7 @@ from typing import Literal
 import torch
 
 from difftransformer.ops.blocked import diff_attention_blocked
+from difftransformer.ops.common import per_token
 from difftransformer.ops.decode import diff_attention_decode
 from difftransformer.ops.flex import diff_attention_flex
 from difftransformer.ops.native import cpu_kernels_for
@@ -77,9 +78,11 @@ def choose_backend(
     attn_mask: torch.Tensor | None = None,
     backend: Backend = "auto",
     implementation: str | None = None,
+    lambda_per_token: bool = False,
 ) -> str:
     """The kernel that runs for q (B, h, T, 2d) and k (B, h_kv, S, 2d): a name from :data:`BACKENDS` (not "auto"),
-    or "decode_cpu" (the C++ decode step).
+    or "decode_cpu" (the C++ decode step). ``lambda_per_token``: lambda is one a head and query, which the C++
+    kernels and the blocked path do not take (they hold one scalar); "auto" then picks "decode" or "sdpa".
 
     ``implementation`` (transformers' ``attn_implementation``) comes first: "eager" and "paged|eager" run the
     reference, "flex_attention" FlexAttention, "sdpa" or None ``backend``; any other is refused
@@ -100,9 +103,13 @@ def choose_backend(
     backend = IMPLEMENTATIONS[implementation or "sdpa"] or backend
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
+    if lambda_per_token and backend in ("blocked", "fused_cpu"):
+        raise ValueError(f"backend {backend!r} takes one scalar lambda a layer; got a per-token lambda")
     if backend == "auto":
         if q.shape[-2] <= DECODE_MAX_QUERIES:
             backend = "decode"
+        elif lambda_per_token:
+            return "sdpa"
         elif _native_applies(q, attn_mask):
             return "fused_cpu"
         elif (
@@ -114,7 +121,12 @@ def choose_backend(
             return "blocked"
         else:
             return "sdpa"
-    if backend == "decode" and not torch.is_grad_enabled() and _native_applies(q, attn_mask):
+    if (
+        backend == "decode"
+        and not torch.is_grad_enabled()
+        and not lambda_per_token
+        and _native_applies(q, attn_mask)
+    ):
         return "decode_cpu"
     if backend == "blocked" and diff_attention_blocked is None:
         raise ValueError(
@@ -150,7 +162,8 @@ def diff_attention(
         q: (B, h, T, 2d), Q1 | Q2 of each head.
         k: (B, h_kv, S, 2d), K1 | K2 of each KV group.
         v: (B, h_kv, S, 2d).
-        lambda_full: scalar lambda of the layer (a 0-d tensor keeps the gradient; a float at inference).
+        lambda_full: scalar lambda of the layer (a 0-d tensor keeps the gradient; a float at inference), or one a
+            head and query (B or 1, h, T, 1) (the per-token lambda; the PyTorch kernels take it).
         causal: causal mask, aligned bottom-right when T < S (KV cache).
         attn_mask: bool (True = attend) or additive float, broadcastable to (B, 1, T, S); for "flex" also a
             FlexAttention ``BlockMask`` (transformers' masks for ``attn_implementation="flex_attention"``).
@@ -167,7 +180,7 @@ def diff_attention(
     Returns:
         (B, h, T, 2d): head i's output ``(A1 - lambda A2) V_g``.
     """
-    kernel = choose_backend(q, k, attn_mask, backend, implementation)
+    kernel = choose_backend(q, k, attn_mask, backend, implementation, per_token(lambda_full))
     if kernel == "decode_cpu":  # the one kernel that fuses the rotation; choose_backend saw grad mode off
         return cpu_kernels_for(q).decode(q, k, v, lambda_full, causal, scale, rotary)
     if rotary is not None:

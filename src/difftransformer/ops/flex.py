@@ -44,7 +44,7 @@ def diff_attention_flex(
     """
     from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
-    batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v)
+    batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v, lambda_full)
     if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise ValueError(
             "backend 'flex' has no backward on the CPU (FlexAttention, torch 2.13): run it under torch.no_grad() "

@@ -41,7 +41,7 @@ def diff_attention_reference(
         q: (B, h, T, 2d), Q1 | Q2 of each head.
         k: (B, h_kv, S, 2d), K1 | K2 of each KV group; head i reads group i // (h / h_kv).
         v: (B, h_kv, S, 2d).
-        lambda_full: the layer's scalar lambda (a 0-d tensor keeps the gradient).
+        lambda_full: the layer's scalar lambda (a 0-d tensor keeps the gradient), or per token (B or 1, h, T, 1).
         causal: mask keys after each query, aligned bottom-right when T < S.
         attn_mask: bool (True = attend) or additive float mask of shape (B or 1, 1, T, S).
         scale: logit scale, default 1 / sqrt(d).
@@ -53,7 +53,7 @@ def diff_attention_reference(
         (B, h, T, 2d) in q's dtype, and the maps or None. Maps are computed in float32, or float64 for
         float64 inputs.
     """
-    batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v)
+    batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v, lambda_full)
     n_rep = heads // kv_heads
     scale = head_dim**-0.5 if scale is None else scale
     compute_dtype = torch.promote_types(q.dtype, torch.float32)

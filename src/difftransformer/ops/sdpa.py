@@ -24,7 +24,7 @@ def diff_attention_sdpa(
     scale: float | None = None,
 ) -> torch.Tensor:
     """Same contract as :func:`diff_attention_reference`, without maps: returns (B, h, T, 2d)."""
-    batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v)
+    batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v, lambda_full)
     # Component maps as 2h ordinary heads, first all Q1 then all Q2 (and K1s then K2s): SDPA's GQA rule
     # (query head j reads KV head j // n_rep) then pairs Q1 of head i with K1 of its group, Q2 with K2.
     q_maps = torch.cat([q[..., :head_dim], q[..., head_dim:]], dim=1)

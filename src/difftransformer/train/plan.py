@@ -108,8 +108,7 @@ def step_seconds(
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        if config.attention == "diff":
-            fused_cpu_available()  # compiled (first use only) before the clock starts, as train does
+        fused_cpu_available()  # every kind's norms use the kernels: compiled (first use only) before the clock starts
         model = DiffTransformerForCausalLM(config).train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         ids = torch.randint(

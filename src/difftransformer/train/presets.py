@@ -17,7 +17,7 @@ from typing import Any
 
 from difftransformer.data.needles import NeedleSpec
 from difftransformer.errors import UsageError
-from difftransformer.models import ATTENTION_KINDS, KINDS, DiffTransformerConfig
+from difftransformer.models import ATTENTION_KINDS, PART_FIELDS, DiffTransformerConfig, matched_config
 from difftransformer.train.mixture import RecallMix
 from difftransformer.train.settings import TrainingSettings
 
@@ -115,8 +115,9 @@ class Preset:
 
     def model_config(self, attention: str = "diff", **fields) -> DiffTransformerConfig:
         """The model for ``attention`` (a kind of :data:`~difftransformer.models.KINDS`: "diff", "softmax" = the
-        matched baseline, and the others by their matching rule against it); ``fields`` (e.g. vocab_size, bos/eos/pad
-        ids, and the kind's own fields such as gda_ratio) override the preset's."""
+        matched baseline, and the others by the parts' matching rule against it, models/matching.py); ``fields``
+        (e.g. vocab_size, bos/eos/pad ids, and part fields such as gda_ratio or output_gate) override the
+        preset's."""
         if attention not in ATTENTION_KINDS:
             raise UsageError(f"`attention` must be one of {ATTENTION_KINDS}; got {attention!r}")
         if self.max_position_embeddings is not None and self.max_position_embeddings < self.block_size:
@@ -124,8 +125,7 @@ class Preset:
                 f"`max_position_embeddings` must be at least `block_size` ({self.block_size}), the length the "
                 f"model trains on; got {self.max_position_embeddings}"
             )
-        kind = KINDS[attention]
-        own = {name: fields.pop(name) for name in kind.fields if name in fields}
+        parts = {name: fields.pop(name) for name in PART_FIELDS if name in fields}
         kwargs = dict(
             vocab_size=self.vocab_size,
             hidden_size=self.hidden_size,
@@ -138,9 +138,9 @@ class Preset:
         )
         kwargs.update(fields)
         diff = DiffTransformerConfig(**kwargs)
-        if attention == "diff":
+        if attention == "diff" and not parts:
             return diff
-        return kind.match(diff.matched_baseline(), **own)
+        return matched_config(diff.matched_baseline(), attention, **parts)
 
     def model_for(self, attention: str, tokenizer: Any, **fields: Any) -> DiffTransformerConfig:
         """:meth:`model_config` for text from ``tokenizer``: its vocabulary size and special-token ids."""

@@ -22,7 +22,7 @@ from transformers.trainer_utils import IntervalStrategy
 from difftransformer.data.tokenizer import MIN_VOCAB_SIZE
 from difftransformer.errors import UsageError, check_seed
 from difftransformer.flags import integer_pairs
-from difftransformer.models import ATTENTION_KINDS
+from difftransformer.models import ATTENTION_KINDS, PART_FIELDS
 
 # TrainingSettings fields that, left unset, are decided from the hardware of the machine a run trains on.
 HARDWARE_DEFAULTS = frozenset({"use_cpu", "bf16"})
@@ -104,14 +104,36 @@ class RunOptions:
     attention: Literal[ATTENTION_KINDS] | None = field(
         default=None,
         metadata={"help": "diff: DIFF V1 with the preset's h heads; softmax: the matched baseline (2h heads); "
-                  "diff_v2: DIFF V2 and gated: gated attention with the baseline's head count; gda: grouped "
-                  "differential attention with the baseline's query heads split --gda-ratio signal heads to a "
-                  "noise map (docs/architecture.md) (default: diff; with --init-from, the folder's kind)"},
+                  "the others matched to it by their parts' rule: diff_v2: DIFF V2, gated: gated attention, gda: "
+                  "grouped differential attention (--gda-ratio signal heads a noise map), motif: Motif-3's attention "
+                  "(docs/architecture.md) (default: diff; with --init-from, the folder's kind)"},
     )  # fmt: skip
+    # The attention's parts (layers/parts.py), each moving the kind along one part; unset: the kind's. The same
+    # names are the configuration's fields and compare's variant overrides (diff_v2(output_gate=elementwise)).
+    map_layout: Literal["split", "whole"] | None = field(
+        default=None,
+        metadata={"help": "map layout: split (DIFF V1's half-width maps) or whole (query heads)"},
+    )
     gda_ratio: int | None = field(
         default=None,
-        metadata={"help": "with --attention gda: signal heads per noise map (1: DIFF V1's shape; the GDA paper "
-                  "finds 3 and 4 best) (default: 1)"},
+        metadata={"help": "signal heads per noise map (GDA: the paper finds 3 and 4 best; Motif: 4)"},
+    )  # fmt: skip
+    lambda_mode: Literal["scalar", "token"] | None = field(
+        default=None, metadata={"help": "the noise map's weight: scalar (DIFF V1) or token (DIFF V2, Motif)"}
+    )
+    subln: Literal["affine", "plain", "none"] | None = field(
+        default=None, metadata={"help": "the per-head norm: affine, plain (no gain) or none"}
+    )
+    output_gate: Literal["none", "elementwise"] | None = field(
+        default=None, metadata={"help": "the output gate: elementwise (gated attention, Motif) or none"}
+    )
+    sliding_window: int | None = field(
+        default=None,
+        metadata={"help": "keys a windowed layer's query sees, itself included (Motif: 129)"},
+    )  # fmt: skip
+    sliding_window_period: int | None = field(
+        default=None,
+        metadata={"help": "windowed layers: 0 every layer, P all but every P-th from layer 0 (Motif: 4; 1: none)"},
     )  # fmt: skip
     init_from: str | None = field(
         default=None,
@@ -126,15 +148,22 @@ class RunOptions:
     )  # fmt: skip
 
     def __post_init__(self) -> None:
-        if self.gda_ratio is not None:
-            if self.attention != "gda":
-                raise UsageError(f"`gda_ratio` is for `attention` gda; got `attention` {self.attention}")
-            if isinstance(self.gda_ratio, bool) or not isinstance(self.gda_ratio, int) or self.gda_ratio < 1:
-                raise UsageError(f"`gda_ratio` must be a positive integer; got {self.gda_ratio!r}")
+        if self.model_fields() and self.attention is None:
+            raise UsageError(
+                f"{', '.join(f'`{name}`' for name in self.model_fields())} move an attention kind along its parts: "
+                "give `attention` too"
+            )
+        for name in ("gda_ratio", "sliding_window"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise UsageError(f"`{name}` must be a positive integer; got {value!r}")
+        period = self.sliding_window_period
+        if period is not None and (isinstance(period, bool) or not isinstance(period, int) or period < 0):
+            raise UsageError(f"`sliding_window_period` must be 0 or a positive integer; got {period!r}")
 
-    def model_fields(self) -> dict[str, int]:
-        """The attention kind's own configuration fields these options set (GDA's gda_ratio)."""
-        return {} if self.gda_ratio is None else {"gda_ratio": self.gda_ratio}
+    def model_fields(self) -> dict:
+        """The part fields these options set (the configuration's names), on top of the kind's."""
+        return {name: getattr(self, name) for name in PART_FIELDS if getattr(self, name) is not None}
 
 
 def parse_length_schedule(text: str) -> list[tuple[int, int]]:

@@ -1,14 +1,14 @@
 """DIFF's lambda in view while training: per layer, at every logging step, beside the training loss.
 
-- DIFF V1: the layer's scalar lambda (``DiffAttention.lambda_full()``), read from the weights when the row is
+- The scalar lambda (DIFF V1, GDA): the layer's lambda (``lambda_full()``), read from the weights when the row is
   logged, so the value at step N is the one the model (and a checkpoint written at step N) holds.
-- DIFF V2: the mean and standard deviation of sigmoid(lambda) over every token and head of the training batches
+- The per-token lambda (DIFF V2, Motif): the mean and standard deviation of sigmoid(lambda) over every token and head of the training batches
   since the previous logging step, gathered by a forward hook on each layer's ``lambda_proj``. Per-token lambda
   depends on the input, so a fixed probe would show what the model does on one batch; the training batches show
   what it did on the mixture it learns from, at no extra forward pass (the hook sums the gate and its square).
 
 The columns are named per layer (:func:`trace_columns`): ``lambda_layer_0`` ... for V1, ``lambda_mean_layer_0``,
-``lambda_std_layer_0`` ... for V2; the softmax baseline has none. Trainer writes them to ``metrics.csv`` and to
+``lambda_std_layer_0`` ... for the per-token one; kinds without noise maps have none. Trainer writes them to ``metrics.csv`` and to
 every ``report_to`` integration (TensorBoard: ``train/lambda_layer_0``).
 """
 
@@ -20,7 +20,7 @@ import re
 import torch
 from torch import nn
 
-from difftransformer.layers import DiffAttention, DiffAttentionV2
+from difftransformer.layers import PartsAttention
 
 _TRACE_COLUMN = re.compile(r"lambda_(mean_|std_)?layer_\d+")
 
@@ -31,8 +31,8 @@ def is_trace_column(name: str) -> bool:
 
 
 def _attention_layers(model: nn.Module) -> list[nn.Module]:
-    """The model's DIFF V1 and V2 attention modules, in depth order."""
-    layers = [m for m in model.modules() if isinstance(m, (DiffAttention, DiffAttentionV2))]
+    """The model's attention modules with a noise map (and so a lambda), in depth order."""
+    layers = [m for m in model.modules() if isinstance(m, PartsAttention) and m.parts.differential]
     return sorted(layers, key=lambda module: module.layer_idx)
 
 
@@ -40,7 +40,7 @@ def trace_columns(model: nn.Module) -> tuple[str, ...]:
     """The lambda columns a run of ``model`` logs, in depth order (none for the softmax baseline)."""
     columns: list[str] = []
     for layer in _attention_layers(model):
-        if isinstance(layer, DiffAttentionV2):
+        if layer.parts.lambda_mode == "token":
             columns += [f"lambda_mean_layer_{layer.layer_idx}", f"lambda_std_layer_{layer.layer_idx}"]
         else:
             columns.append(f"lambda_layer_{layer.layer_idx}")
@@ -77,18 +77,18 @@ class _GateStatistics:
 class LambdaTraces:
     """The lambda columns of a training run of ``model``: :meth:`values` at every logging step.
 
-    Registers a forward hook on every DIFF V2 layer's ``lambda_proj`` (:meth:`remove` takes them off). Build it on
+    Registers a forward hook on every per-token lambda's ``lambda_proj`` (:meth:`remove` takes them off). Build it on
     the model before the Trainer wraps it (hooks stay on the module under DDP and FSDP).
     """
 
     def __init__(self, model: nn.Module) -> None:
         self.columns = trace_columns(model)
         layers = _attention_layers(model)
-        self._v1 = [layer for layer in layers if not isinstance(layer, DiffAttentionV2)]
+        self._v1 = [layer for layer in layers if layer.parts.lambda_mode == "scalar"]
         self._v2: list[tuple[int, _GateStatistics]] = []
         self._handles = []
         for layer in layers:
-            if isinstance(layer, DiffAttentionV2):
+            if layer.parts.lambda_mode == "token":
                 statistics = _GateStatistics()
                 self._handles.append(layer.lambda_proj.register_forward_hook(statistics))
                 self._v2.append((layer.layer_idx, statistics))

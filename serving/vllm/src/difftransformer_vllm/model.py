@@ -1,25 +1,28 @@
-"""The package's attention kinds as vLLM models, built from vLLM's own layers: DIFF V1, GDA, DIFF V2, gated
-attention and the matched softmax Transformer.
+"""The package's attention kinds and every composition of their parts (the package's layers/parts.py) as vLLM models,
+built from vLLM's own layers: DIFF V1, GDA, DIFF V2, gated attention, Motif's attention and the matched softmax
+Transformer.
 
 The kinds share everything but the attention (as in the package's transformers models): vLLM's parallel embedding,
-fused QKV and MLP projections, RMSNorm, rotary embedding and paged ``Attention``. Each kind's declaration (the
-package's layers/kinds.py, copied here as the configuration's ``KIND_FACTS`` by ``make hub``) names its attention
-in :data:`ATTENTIONS`, and each is one call to vLLM's ``Attention`` over the layer's KV cache:
+fused QKV and MLP projections, RMSNorm, rotary embedding and paged ``Attention``. The configuration this plugin
+carries (the package's, copied by ``make hub``) resolves a model's parts, and each map layout is one class of
+:data:`LAYOUTS`, one call to vLLM's ``Attention`` over the layer's KV cache, with vLLM's own per-layer sliding window
+on the layers the parts window (its window W counts the query and W - 1 earlier keys, as transformers' does):
 
-- softmax: h heads of width d on h_kv KV heads, as Llama;
-- DIFF V2: 2h query heads of width d on the baseline's h_kv KV heads, lambda_proj fused into the same projection,
-  then head i = out_{2i} - sigmoid(lambda_i(x)) out_{2i+1};
-- gated attention: q_proj's query and gate rows in the fused projection, h heads of width d, then each head's
-  output times sigmoid(gate);
-- DIFF V1 and GDA (the differential heads): each first (signal) map and each second (noise) map as a query head of
-  width 2d, ``Q1 | 0`` and ``0 | Q2``, on the layer's KV groups of width 2d, ``K1 | K2`` and the 2d-wide V, so
-  ``(Q1 | 0) . (K1 | K2) = Q1 . K1`` and ``(0 | Q2) . (K1 | K2) = Q2 . K2`` at the scale 1/sqrt(d): the outputs are
-  A1 V and A2 V, and head s is A1_s V - lambda A2_{s // G} V (G = gda_ratio, 1 for DIFF V1), normalised per head and
-  scaled by 1 - lambda_init. GDA's noise maps are formed once each for their G signal heads. The cache holds
-  K1 | K2 and V as the package's models do; the queries' zero halves double the attention's multiply-adds.
+- whole heads (the softmax baseline, gated attention, DIFF V2, Motif): the query heads of width d (a noise map's
+  query head beside its G signal heads) on the baseline's KV heads; head s's output is out_s - lambda_s out_noise(s)
+  with noise maps, lambda the layer's scalar or sigmoid(lambda_proj(x)_s) (lambda_proj fused into the same
+  projection as q, k and v: one GEMM);
+- split heads (DIFF V1, GDA): each signal map and each noise map as a query head of width 2d, ``Q1 | 0`` and
+  ``0 | Q2``, on the layer's KV groups of width 2d, ``K1 | K2`` and the 2d-wide V, so ``(Q1 | 0) . (K1 | K2) =
+  Q1 . K1`` and ``(0 | Q2) . (K1 | K2) = Q2 . K2`` at the scale 1/sqrt(d): the outputs are A1 V and A2 V, and head s
+  is A1_s V - lambda_s A2_{s // G} V. A noise map is formed once for its G signal heads; the cache holds K1 | K2 and
+  V as the package's models do; the queries' zero halves double the attention's multiply-adds.
+
+Then, in both, the per-head norm and the 1 - lambda_init scale of the scalar lambda, the output gate (its rows of
+q_proj, after each group's queries: sigmoid of them times each head's output) and the output projection.
 
 Weights load from the folders the package writes, under their names there (the Llama-family lambda names of older
-folders too). Every layer is tensor-parallel (columns of whole heads, rows for the output projections);
+folders too). Every layer is tensor-parallel (columns of whole groups of heads, rows for the output projections);
 :func:`check_servable` refuses what vLLM cannot run before any weight is read.
 """
 
@@ -36,7 +39,6 @@ from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
     MergedColumnParallelLinear,
-    QKVParallelLinear,
     RowParallelLinear,
 )
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
@@ -51,9 +53,8 @@ from vllm.platforms import current_platform
 # because vLLM scales its base from the first position where transformers scales only past the trained length.
 ROPE_TYPES = ("default", "linear", "yarn", "longrope", "llama3")
 # (weight name in the folder, the fused vLLM parameter it is a shard of, the shard): the MLP's; each attention
-# class lists its own (``stacked``).
+# layout lists its own (``stacked_weights``).
 MLP_STACKED = ((".gate_proj", ".gate_up_proj", 0), (".up_proj", ".gate_up_proj", 1))
-QKV_STACKED = ((".q_proj", ".qkv_proj", "q"), (".k_proj", ".qkv_proj", "k"), (".v_proj", ".qkv_proj", "v"))
 
 
 def check_servable(
@@ -112,123 +113,8 @@ def platform_head_sizes() -> list[int] | None:
     return CPUAttentionBackend.get_supported_head_sizes()
 
 
-class KindAttention(nn.Module):
-    """What every kind's attention holds: the fused projection of its queries (``query_heads`` of width d a head:
-    a kind's extra rows, the gate, count as heads), keys and values, the rotary embedding, vLLM's ``Attention``
-    over ``attention_heads`` heads of ``config.head_dim`` and the output projection. Head counts are the GPU's
-    share under tensor parallelism."""
-
-    stacked = QKV_STACKED
-    query_heads_per_head = 1  # q_proj's d-wide row blocks per head
-    attention_heads_per_head = 1  # query heads of the attention call per head
-
-    def __init__(self, config: PretrainedConfig, vllm_config: VllmConfig, prefix: str) -> None:
-        super().__init__()
-        tp_size = get_tensor_model_parallel_world_size()
-        self.width, self.rotated = config.head_dim, config.map_head_dim
-        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.heads, self.kv_heads = heads // tp_size, kv_heads // tp_size
-        self.q_size = self.query_rows(config) * self.rotated // tp_size
-        self.kv_size = self.key_rows(config) * self.rotated // tp_size
-        self.qkv_proj = self.projection(config, prefix)
-        self.o_proj = RowParallelLinear(
-            heads * config.head_dim, config.hidden_size, bias=False, prefix=f"{prefix}.o_proj"
-        )
-        self.rotary_emb = get_rope(
-            self.rotated,
-            max_position=config.max_position_embeddings,
-            is_neox_style=config.rope_style == "half",
-            rope_parameters=config.rope_parameters,
-        )
-        self.attn = Attention(
-            self.attention_heads(config) // tp_size,
-            self.width,
-            self.rotated**-0.5,
-            num_kv_heads=self.kv_heads,
-            cache_config=vllm_config.cache_config,
-            quant_config=vllm_config.quant_config,
-            prefix=f"{prefix}.attn",
-        )
-
-    def query_rows(self, config: PretrainedConfig) -> int:
-        """q_proj's rows in d-wide blocks."""
-        return self.query_heads_per_head * config.num_attention_heads
-
-    def key_rows(self, config: PretrainedConfig) -> int:
-        """k_proj's (and v_proj's) rows in d-wide blocks."""
-        return config.num_key_value_heads
-
-    def attention_heads(self, config: PretrainedConfig) -> int:
-        """The attention call's query heads."""
-        return self.attention_heads_per_head * config.num_attention_heads
-
-    def projection(self, config: PretrainedConfig, prefix: str) -> nn.Module:
-        return QKVParallelLinear(
-            config.hidden_size,
-            self.rotated,
-            self.query_rows(config),
-            self.key_rows(config),
-            bias=False,
-            prefix=f"{prefix}.qkv_proj",
-        )
-
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        """hidden_states (T, d_model) at ``positions`` (T,) -> (T, d_model)."""
-        qkv, _ = self.qkv_proj(hidden_states)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = self.rotary_emb(positions, q, k)
-        output, _ = self.o_proj(self.attn(q, k, v))
-        return output
-
-
-class SoftmaxAttention(KindAttention):
-    """The matched baseline: h heads of width d on h_kv KV heads, as Llama."""
-
-
-class PairedAttention(KindAttention):
-    """DIFF V2: 2h query heads, each pair's output combined with the per-token sigmoid(lambda_proj(x)). lambda_proj's
-    h rows are the fused projection's fourth part: one GEMM for q, k, v and lambda."""
-
-    stacked = ((".q_proj", ".qkv_proj", 0), (".k_proj", ".qkv_proj", 1), (".v_proj", ".qkv_proj", 2),
-               (".lambda_proj", ".qkv_proj", 3))  # fmt: skip
-    query_heads_per_head = attention_heads_per_head = 2
-
-    def projection(self, config: PretrainedConfig, prefix: str) -> nn.Module:
-        d = self.rotated
-        sizes = [self.query_rows(config) * d, config.num_key_value_heads * d, config.num_key_value_heads * d]
-        return MergedColumnParallelLinear(
-            config.hidden_size, [*sizes, config.num_attention_heads], bias=False, prefix=f"{prefix}.qkv_proj"
-        )
-
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        projected, _ = self.qkv_proj(hidden_states)
-        q, k, v, lambdas = projected.split([self.q_size, self.kv_size, self.kv_size, self.heads], dim=-1)
-        q, k = self.rotary_emb(positions, q, k)
-        pairs = self.attn(q, k, v).view(-1, self.heads, 2, self.width)
-        gate = torch.sigmoid(lambdas.float()).to(pairs.dtype).unsqueeze(-1)
-        out = torch.addcmul(pairs[:, :, 0], gate, pairs[:, :, 1], value=-1.0)  # first - gate * second
-        output, _ = self.o_proj(out.flatten(1))
-        return output
-
-
-class GatedAttention(KindAttention):
-    """Gated attention: q_proj's query and gate rows head by head, the attention over the queries, each head's
-    output times sigmoid(gate)."""
-
-    query_heads_per_head = 2
-
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        qkv, _ = self.qkv_proj(hidden_states)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        query, gate = q.view(-1, self.heads, 2, self.rotated).unbind(2)
-        query, k = self.rotary_emb(positions, query.reshape(-1, self.heads * self.rotated), k)
-        out = self.attn(query, k, v) * torch.sigmoid(gate.float()).to(v.dtype).flatten(1)
-        output, _ = self.o_proj(out)
-        return output
-
-
 class LambdaVectors(nn.Module):
-    """DIFF V1's and GDA's four lambda vectors, float32 whatever the model's dtype, replicated on every GPU."""
+    """The scalar lambda's four vectors, float32 whatever the model's dtype, replicated on every GPU."""
 
     def __init__(self, dim: int) -> None:
         super().__init__()
@@ -242,57 +128,138 @@ class LambdaVectors(nn.Module):
         return torch.exp(torch.dot(self.q1, self.k1)) - torch.exp(torch.dot(self.q2, self.k2)) + lambda_init
 
 
-class DifferentialAttention(KindAttention):
-    """DIFF V1 and GDA: n = h / G groups of G signal heads and one noise map (G = gda_ratio; DIFF V1's G = 1), each
-    map a query head of width 2d (the module docstring), in q_proj's order, which keeps every KV group's queries
-    together as vLLM's GQA reads them; the KV cache holds each group's K1 | K2 and 2d-wide V."""
+class PartsAttention(nn.Module):
+    """What both layouts build from the parts: the fused projection of q_proj (per noise map, or per head without
+    noise maps: the group's G signal query blocks, its noise query block, then its G gate blocks), k_proj, v_proj and,
+    with the per-token lambda, lambda_proj; the rotary embedding; vLLM's ``Attention`` (the layer's window where the
+    parts window it); the noise map's weight, the per-head norm, the gate and the output projection. Head counts
+    are the GPU's share under tensor parallelism."""
 
     def __init__(self, config: PretrainedConfig, vllm_config: VllmConfig, prefix: str) -> None:
-        super().__init__(config, vllm_config, prefix)
-        self.ratio = config.gda_ratio
+        super().__init__()
+        tp_size = get_tensor_model_parallel_world_size()
+        parts, layer = config.parts, extract_layer_index(prefix)
+        self.d, self.width = config.map_head_dim, config.head_dim  # a map's query width; a head's value width
+        self.ratio = parts.noise_ratio or 1
+        self.differential = parts.differential
+        self.heads = config.num_attention_heads // tp_size
         self.groups = self.heads // self.ratio
-        self.lambda_init = config.layer_lambda_init(extract_layer_index(prefix))
-        self.lambda_vectors = LambdaVectors(config.map_head_dim)
+        self.blocks = self.ratio + (1 if self.differential else 0)  # a group's query blocks
+        self.gate = self.ratio * self.width if parts.gate == "elementwise" else 0  # a group's gate rows
+        self.kv_size = config.num_key_value_heads * config.head_dim // tp_size
+        self.q_size = self.groups * (self.blocks * self.d + self.gate)
+        self.token_lambda = parts.lambda_mode == "token"
+        sizes = [self.q_size * tp_size, self.kv_size * tp_size, self.kv_size * tp_size]
+        self.qkv_proj = MergedColumnParallelLinear(
+            config.hidden_size,
+            sizes + ([config.num_attention_heads] if self.token_lambda else []),
+            bias=False,
+            prefix=f"{prefix}.qkv_proj",
+        )
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * config.head_dim,
+            config.hidden_size,
+            bias=False,
+            prefix=f"{prefix}.o_proj",
+        )
+        self.rotary_emb = get_rope(
+            self.d,
+            max_position=config.max_position_embeddings,
+            is_neox_style=config.rope_style == "half",
+            rope_parameters=config.rope_parameters,
+        )
+        self.attn = Attention(
+            self.groups * self.blocks,
+            self.width,
+            self.d**-0.5,
+            num_kv_heads=config.num_key_value_heads // tp_size,
+            cache_config=vllm_config.cache_config,
+            quant_config=vllm_config.quant_config,
+            per_layer_sliding_window=config.sliding_window if parts.windowed(layer) else None,
+            prefix=f"{prefix}.attn",
+        )
+        self.lambda_init = config.layer_lambda_init(layer)
+        if parts.lambda_mode == "scalar":
+            self.lambda_vectors = LambdaVectors(self.d)
+        self.out_scale = 1.0 - self.lambda_init if parts.lambda_mode == "scalar" else 1.0
         self.subln = (
             None
-            if config.subln == "none"
-            else RMSNorm(self.width, eps=config.subln_eps, has_weight=config.subln == "affine")
+            if parts.norm == "none"
+            else RMSNorm(self.width, eps=config.subln_eps, has_weight=parts.norm == "affine")
         )
 
-    def query_rows(self, config: PretrainedConfig) -> int:
-        return config.num_attention_heads + config.noise_heads
+    @property
+    def stacked_weights(self) -> tuple[tuple[str, str, int], ...]:
+        """(folder name, fused parameter, shard) of the fused projection."""
+        shards = [(".q_proj", ".qkv_proj", 0), (".k_proj", ".qkv_proj", 1), (".v_proj", ".qkv_proj", 2)]
+        return tuple(shards + ([(".lambda_proj", ".qkv_proj", 3)] if self.token_lambda else []))
 
-    def key_rows(self, config: PretrainedConfig) -> int:
-        return 2 * config.num_key_value_heads  # K1 | K2 a group; V as wide
+    def project(self, positions: torch.Tensor, hidden_states: torch.Tensor):
+        """The rotated queries (T, n blocks d), k (T, kv) rotated, v, the gate (T, n, G, width) or None and the
+        per-token lambda's logits (T, h) or None."""
+        projected, _ = self.qkv_proj(hidden_states)
+        q, k, v, *lambdas = projected.split(
+            [self.q_size, self.kv_size, self.kv_size] + ([self.heads] if self.token_lambda else []), dim=-1
+        )
+        groups = q.view(-1, self.groups, self.blocks * self.d + self.gate)
+        queries, gate = groups.split([self.blocks * self.d, self.gate], dim=-1)
+        rotated = self.rotary_emb(positions, queries.reshape(-1, self.groups * self.blocks * self.d), k)
+        gate = gate.unflatten(-1, (self.ratio, self.width)) if self.gate else None
+        return *rotated, v, gate, (lambdas[0] if lambdas else None)
 
-    def attention_heads(self, config: PretrainedConfig) -> int:
-        return self.query_rows(config)
+    def noise_weight(self, lambdas: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+        """The scalar lambda, or sigmoid(lambda_proj(x)) as (T, n, G, 1), in ``dtype``."""
+        if lambdas is None:
+            return self.lambda_vectors(self.lambda_init).to(dtype)
+        return torch.sigmoid(lambdas.float()).to(dtype).view(-1, self.groups, self.ratio, 1)
+
+    def finish(self, out: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+        """Heads' outputs (T, n, G, width) -> (T, d_model): the norm and scale, the gate, o_proj."""
+        out = out.reshape(-1, self.width)
+        if self.subln is not None:
+            out = self.subln(out)
+        if self.out_scale != 1.0:
+            out = out * self.out_scale
+        out = out.view(-1, self.groups, self.ratio, self.width)
+        if gate is not None:
+            out = out * torch.sigmoid(gate.float()).to(out.dtype)
+        output, _ = self.o_proj(out.flatten(1))
+        return output
+
+
+class WholeHeadAttention(PartsAttention):
+    """The whole-head layout: the query heads (a group's G signal heads then its noise head) of width d on the
+    baseline's KV heads; each signal head's output minus lambda times its noise head's."""
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        qkv, _ = self.qkv_proj(hidden_states)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = self.rotary_emb(positions, q, k)
-        groups = q.view(-1, self.groups, self.ratio + 1, self.rotated)
+        """hidden_states (T, d_model) at ``positions`` (T,) -> (T, d_model)."""
+        q, k, v, gate, lambdas = self.project(positions, hidden_states)
+        heads = self.attn(q, k, v).view(-1, self.groups, self.blocks, self.width)
+        if not self.differential:
+            return self.finish(heads, gate)
+        signal, noise = heads[:, :, : self.ratio], heads[:, :, self.ratio :]
+        return self.finish(signal - self.noise_weight(lambdas, heads.dtype) * noise, gate)
+
+
+class SplitHeadAttention(PartsAttention):
+    """The split-head layout: n = h / G groups of G signal maps and one noise map, each map a query head of width 2d
+    (the module docstring), in q_proj's order, which keeps every KV group's queries together as vLLM's GQA reads
+    them; the KV cache holds each group's K1 | K2 and 2d-wide V."""
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        q, k, v, gate, lambdas = self.project(positions, hidden_states)
+        groups = q.view(-1, self.groups, self.ratio + 1, self.d)
         zeros = torch.zeros_like(groups)
         signal = torch.cat((groups[:, :, :-1], zeros[:, :, :-1]), dim=-1)  # Q1 | 0
         noise = torch.cat((zeros[:, :, -1:], groups[:, :, -1:]), dim=-1)  # 0 | Q2
         padded = torch.cat((signal, noise), dim=2)  # (T, n, G + 1, 2d)
         maps = self.attn(padded.flatten(1), k, v).view(-1, self.groups, self.ratio + 1, self.width)
-        lambda_full = self.lambda_vectors(self.lambda_init).to(maps.dtype)
-        out = (maps[:, :, :-1] - lambda_full * maps[:, :, -1:]).reshape(-1, self.width)  # A1 V - lambda A2 V
-        scale = 1.0 - self.lambda_init
-        out = out * scale if self.subln is None else self.subln(out) * scale
-        output, _ = self.o_proj(out.view(hidden_states.shape[0], -1))
-        return output
+        weight = self.noise_weight(lambdas, maps.dtype)
+        return self.finish(maps[:, :, :-1] - weight * maps[:, :, -1:], gate)  # A1 V - lambda A2 V
 
 
-# The vLLM attention of each kind, by the name its declaration gives (``config.kind_facts()["serving"]``).
-ATTENTIONS: dict[str, type[KindAttention]] = {
-    "softmax": SoftmaxAttention,
-    "diff_v2": PairedAttention,
-    "gated": GatedAttention,
-    "differential": DifferentialAttention,
-}
+# The vLLM attention of each map layout, by the name the configuration resolves (``config.map_layout``).
+LAYOUTS: dict[str, type[PartsAttention]] = {"whole": WholeHeadAttention, "split": SplitHeadAttention}
 
 
 class DiffTransformerDecoderLayer(nn.Module):
@@ -301,8 +268,7 @@ class DiffTransformerDecoderLayer(nn.Module):
     def __init__(self, vllm_config: VllmConfig, prefix: str) -> None:
         super().__init__()
         config = vllm_config.model_config.hf_config
-        attention = ATTENTIONS[config.kind_facts()["serving"]]
-        self.self_attn = attention(config, vllm_config, prefix=f"{prefix}.self_attn")
+        self.self_attn = LAYOUTS[config.map_layout](config, vllm_config, prefix=f"{prefix}.self_attn")
         self.mlp = LlamaMLP(
             config.hidden_size,
             config.intermediate_size,
@@ -392,15 +358,14 @@ class DiffTransformerForCausalLM(nn.Module):
         return self.logits_processor(self.lm_head, hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Load a folder's tensors by name: the attention's projections (q/k/v, and DIFF V2's lambda_proj) and the
-        MLP's gate/up into their fused parameters, the kind's Llama-family names renamed (its declaration's
+        """Load a folder's tensors by name: the attention's projections (q/k/v, and the per-token lambda's
+        lambda_proj) and the MLP's gate/up into their fused parameters, the parts' Llama-family names renamed (their
         ``renamings``), the rest one to one."""
         params = dict(self.named_parameters())
         renamings = {
-            f"self_attn.{old}": f"self_attn.{new}"
-            for old, new in self.config.kind_facts()["renamings"].items()
+            f"self_attn.{old}": f"self_attn.{new}" for old, new in self.config.parts.renamings.items()
         }
-        stacked = (*ATTENTIONS[self.config.kind_facts()["serving"]].stacked, *MLP_STACKED)
+        stacked = (*self.model.layers[self.model.start_layer].self_attn.stacked_weights, *MLP_STACKED)
         loaded = set()
         for name, tensor in weights:
             for old, new in renamings.items():
