@@ -143,3 +143,19 @@ def test_a_data_parallel_run_reports_at_evaluations_and_checkpoints_only():
     trial.on_log(None, state, None, logs={"loss": 2.0})
     trial.on_save(None, state, None)
     assert said == [{"step": 4, "max_steps": 10}]
+
+
+def test_every_kind_builds_the_cpu_kernels_before_its_timed_steps(data, tmp_path, monkeypatch):
+    """The softmax baseline's first evaluation built the C++ kernels (its RMSNorm) inside the timed loop, so a
+    comparison's first Transformer run reported a tenth of its tokens/s (the sweep report's defect 5)."""
+    from difftransformer.train import runner
+    from difftransformer.train.presets import get_preset
+
+    built = []
+    monkeypatch.setattr(runner, "fused_cpu_available", lambda: built.append("built") or True)
+    tokenizer, blocks, validation = data
+    preset = get_preset("micro")
+    config = preset.model_config("softmax", vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id)
+    settings = preset.training_settings(output_dir=str(tmp_path), max_steps=1, report_to="none", save_steps=1)
+    runner.train_model(config, blocks, validation, tokenizer, settings)
+    assert built == ["built"]

@@ -165,3 +165,32 @@ def test_a_run_with_no_logged_row_still_reports_its_lambda_as_missing(trained, t
     ).write(tmp_path)
     text = markdown.read_text()
     assert "lambda during training" in text and "no run logged lambda" in text
+
+
+def test_a_run_whose_losses_are_not_finite_is_named_and_left_out_of_every_mean_and_claim(trained, tmp_path):
+    """A reused run with NaN weights evaluates to a NaN test loss, which results.json holds as null: the report
+    crashed on it in stats.mean (the sweep report's defect 11). It is named, and every cell says what it left out."""
+    variants = parse_variants("diff,softmax")
+    records = []
+    for variant in variants:
+        source, results = trained["runs"][variant.kind]
+        for seed in range(2):
+            folder = tmp_path / "runs" / f"{variant.slug}-seed{seed}"
+            folder.mkdir(parents=True)
+            _short_metrics(source / METRICS_CSV, folder / METRICS_CSV, STEPS, 1, 5)
+            diverged = variant.kind == "diff" and seed == 1
+            written = {
+                "variant": variant.spec(), "seed": seed, "scale": "micro", "folder": folder.name, "parameters": 1000,
+                "tokens": 1024, "tokens_per_second": 1.0, "train_seconds": 1.0,
+                "validation_loss": None if diverged else 5.0, "test_loss": None if diverged else 5.0 + seed,
+                "suite": results,
+            }  # fmt: skip
+            records.append(RunRecord.from_json(written, tmp_path / "runs"))  # as results.json holds NaN: null
+    comparison = ComparisonSettings(output_dir=str(tmp_path), variants=tuple(variants), seeds=(0, 1))
+    report = build_report(records, variants, trained["data"], get_preset("micro"), comparison, tmp_path)
+    text = report.write(tmp_path)[0].read_text()
+    assert "Not finite: DIFF seed 1 (validation loss, test loss)" in text
+    diff_row = next(line for line in text.splitlines() if line.startswith("| DIFF | micro |"))
+    assert "| 5.000 (1 of 2 not finite) | 5.000 (1 of 2 not finite) |" in diff_row
+    loss_claim = next(line for line in text.splitlines() if line.startswith("| language-modelling loss"))
+    assert loss_claim.endswith("| - | - |")  # not judged on one finite seed against two
