@@ -142,7 +142,9 @@ def test_variants_parse_with_overrides_and_refuse_bad_ones():
     ]:
         with pytest.raises(ValueError, match=message.replace("(", r"\(")):
             parse_variants(text)
-    with pytest.raises(ValueError, match=r"variant diff\(subln=bogus\): subln must be one of"):
+    with pytest.raises(
+        ValueError, match=r"variant diff\(subln=bogus\): attention='diff': subln must be one of"
+    ):
         parse_variant("diff(subln=bogus)").config(base)
 
 
@@ -165,10 +167,10 @@ def test_gda_variants_take_their_ratio_through_the_matching_rule():
     assert (three.num_attention_heads, three.noise_heads, three.num_key_value_heads) == (3, 1, 1)
     with pytest.raises(ValueError, match=r"variant gda\(gda_ratio=0\): gda_ratio must be a positive integer"):
         parse_variant("gda(gda_ratio=0)").config(preset.model_config("gda"))
-    with pytest.raises(
-        ValueError, match=r"variant diff\(gda_ratio=3\): gda_ratio is for attention='gda' only"
-    ):
-        parse_variant("diff(gda_ratio=3)").config(preset.model_config("diff"))
+    # A part field moves any kind along the parts (layers/parts.py): DIFF with 3 signal heads a noise map is GDA's
+    # shape, matched to the same baseline.
+    moved = parse_variant("diff(gda_ratio=3)").config(preset.model_config("diff"))
+    assert (moved.num_attention_heads, moved.noise_heads, moved.num_key_value_heads) == (3, 1, 1)
 
 
 def record(
