@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from transformers import TrainerCallback
 
 from difftransformer.train.callbacks import column, read_metrics
 from difftransformer.train.presets import RECIPE, get_preset
-from difftransformer.train.runner import METRICS_CSV, train_model
+from difftransformer.train.runner import METRICS_CSV, check_run_folder, train_model
 from difftransformer.train.settings import TrainingSettings
 from helpers import free_port
 from test_train_support import pack, small_tokenizer, synthetic_texts
@@ -58,7 +59,9 @@ SCRIPT = "import sys\nfrom test_train_fsdp import train_micro\ntrain_micro(sys.a
 def run_script(tmp_path, output_dir, batch, *flags, processes=1, check=True) -> subprocess.CompletedProcess:
     script = tmp_path / "fsdp_train.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__), "OMP_NUM_THREADS": "1"}
+    # the tests' folder first, the caller's path kept (a checkout run without installing it)
+    path = os.pathsep.join(filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     launcher = [sys.executable]
     if processes > 1:
         launcher += [
@@ -163,3 +166,23 @@ def test_sharded_state_dicts_are_refused_before_training(tmp_path):
     with pytest.raises(ValueError, match="state_dict_type must be FULL_STATE_DICT"):
         train_model(config, blocks[:-8], blocks[-8:], tokenizer, settings)
     assert not any(tmp_path.iterdir())
+
+
+def test_only_the_main_process_probes_the_run_folder(tmp_path, monkeypatch):
+    # Under torchrun every process checks the run folder; the write probe makes the folder and removes it again.
+    # Made by another rank, it raced the main process: with a lock and a probe started together, 5 to 33 of 150
+    # tries failed here ("File exists"), and a folder removed under the main process's new lock file kills rank 0
+    # (FileNotFoundError) before its peers, who then lose it over gloo.
+    folder = tmp_path / "run"
+    made: list[Path] = []
+    mkdir = Path.mkdir
+
+    def recording_mkdir(self, *args, **kwargs):
+        made.append(self)
+        return mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", recording_mkdir)
+    monkeypatch.setenv("RANK", "1")
+    assert check_run_folder(folder, resume=False) == folder and made == []
+    monkeypatch.setenv("RANK", "0")  # the main process, which writes the folder, still probes it
+    assert check_run_folder(folder, resume=False) == folder and made == [folder] and not folder.exists()

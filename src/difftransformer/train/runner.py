@@ -351,8 +351,11 @@ def check_run_folder(output_dir: str | os.PathLike, *, resume: bool) -> Path:
     """Refuse, creating nothing, a run folder that cannot be written
     (:func:`~difftransformer.storage.check_output_dir`) or that holds another run's checkpoints when not
     ``resume`` (:class:`~difftransformer.train.lock.RunDirectoryTaken`): what ``train_model`` would refuse, for a
-    command to check before any work."""
-    path = check_output_dir(output_dir, "output_dir")
+    command to check before any work. Only the main process, the one that writes the folder, probes it: the probe
+    makes the folder and removes it again, so under torchrun another process's probe raced the main process, which
+    found the folder it had just made for its lock file gone (or the probe found it made), and died before its
+    peers, who lost it in their first collective (the two-process FSDP test's lost gloo peer)."""
+    path = check_output_dir(output_dir, "output_dir") if is_main_process() else Path(output_dir)
     existing = checkpoints(path) if path.is_dir() else []
     if existing and not resume:
         raise RunDirectoryTaken(
