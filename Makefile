@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-slow lint demo demo-check study study-scaling study-kinds study-retrieval study-retrieval-long study-upcycle bench clean hub test-serving
+.PHONY: test test-slow lint demo demo-check study study-scaling study-kinds study-parts study-retrieval study-retrieval-long study-upcycle bench clean hub test-serving
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -64,6 +64,28 @@ study-scaling: $(STAMP)
 		$(SCALING_RUNS)/*.png $(SCALING_REPORT)/
 	cp $(SCALING_RUNS)-norm/report.md $(SCALING_RUNS)-norm/report.html $(SCALING_RUNS)-norm/results.json \
 		$(SCALING_RUNS)-norm/*.png $(SCALING_REPORT)/norm/
+
+# Which parts pay (docs/results/parts): the Transformer, gated attention, DIFF V1 with and without its per-head norm,
+# DIFF V2 with and without the output gate, whole heads grouped 4 to a noise map with the per-token lambda, and Motif's
+# attention with and without its sliding windows; on the scaling preset at widths 96 and 144 (loss; 10 tokens per
+# decoder-layer parameter of the Transformer) and on retrieval-long (recall beyond the trained length), each arm's
+# learning rate swept, 3 seeds; verdicts at equal tokens and at equal training FLOPs, each part's paired effect.
+PARTS_RUNS ?= runs/study-parts
+PARTS_REPORT ?= docs/results/parts
+PARTS_ARGS ?=
+PARTS_VARIANTS := softmax,gated,diff,diff(subln=none),diff_v2,diff_v2(output_gate=elementwise),diff_v2(gda_ratio=4),motif(sliding_window_period=1),motif
+PARTS_RECALL_VARIANTS := softmax,gated,diff_v2,motif(sliding_window_period=1),motif
+study-parts: $(STAMP)
+	$(PY) -m difftransformer compare --preset scaling --sizes 96,144 --tokens-per-parameter 10 \
+		--variants "$(PARTS_VARIANTS)" --seeds 0,1,2 --learning-rates 1e-3,3e-3,1e-2 --tasks outliers,quant,longctx \
+		--output-dir $(PARTS_RUNS) $(PARTS_ARGS)
+	$(PY) -m difftransformer compare --preset retrieval-long --variants "$(PARTS_RECALL_VARIANTS)" --seeds 0,1,2 \
+		--learning-rates 1e-3,3e-3,1e-2 --rate-choice learned_recall --tasks mqar --output-dir $(PARTS_RUNS)-recall \
+		$(PARTS_ARGS)
+	mkdir -p $(PARTS_REPORT)/recall
+	cp $(PARTS_RUNS)/report.md $(PARTS_RUNS)/report.html $(PARTS_RUNS)/results.json $(PARTS_RUNS)/*.png $(PARTS_REPORT)/
+	cp $(PARTS_RUNS)-recall/report.md $(PARTS_RUNS)-recall/report.html $(PARTS_RUNS)-recall/results.json \
+		$(PARTS_RUNS)-recall/*.png $(PARTS_REPORT)/recall/
 
 # The attention kinds people weigh DIFF against (docs/results/kinds): DIFF V1, DIFF V2, GDA at 3 and 4 signal heads a
 # noise map, gated attention and the Transformer on the retrieval preset, 3 seeds each at the preset's learning rate

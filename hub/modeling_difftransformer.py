@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code a8cef2d5b33d1818; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 8b5c44142b8cd493; change the package, not this file.
 """The Differential Transformer (DIFF V1, DIFF V2), the kinds compared with it (GDA, gated attention) and the
 matched softmax Transformer as transformers models: every operator, layer and model class they run,
 generated from the package's sources named below."""
@@ -1548,7 +1548,8 @@ def nonfinite_problem(names: list[str]) -> str | None:
     """The refusal's words for :func:`nonfinite_tensors`' ``names``; None when there are none."""
     if not names:
         return None
-    return f"{_tensors(len(names))} of the weights hold NaN or infinite values ({_named_keys(set(names))})"
+    verb = "holds" if len(names) == 1 else "hold"
+    return f"{_tensors(len(names))} of the weights {verb} NaN or infinite values ({_named_keys(set(names))})"
 
 
 def _weight_files(folder: Path) -> list[Path]:

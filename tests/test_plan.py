@@ -12,7 +12,7 @@ import torch
 
 from difftransformer import DiffTransformerConfig, DiffTransformerForCausalLM
 from difftransformer.cli import main
-from difftransformer.models import KINDS
+from difftransformer.models import KINDS, training_flops
 from difftransformer.train import plan as plan_module
 from difftransformer.train.plan import (
     ADAMW_STATE_BYTES,
@@ -291,3 +291,32 @@ def test_plan_times_each_stretch_of_a_length_schedule_at_its_row_length(capsys, 
             f"{(1000 * 0.016 + 2000 * 0.256) / 60:.1f} min  "
             "(1,000 steps of 16-token rows at 0.016 s, 2,000 steps of 256-token rows at 0.256 s)"
         ), line
+
+
+def test_plan_takes_compositions_and_counts_their_training_flops(capsys):
+    """--kinds takes compare's spelling; each model's FLOPs a token come from its shapes (models/flops.py), beside
+    the Transformer's, and a run's from its steps."""
+    assert (
+        main(["plan", "--preset", "micro", "--kinds", "softmax,motif(output_gate=none),diff_v2(gda_ratio=2)"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    preset = get_preset("micro")
+    flops = {
+        label: training_flops(preset.model_config(kind, **fields), preset.block_size).total
+        for label, kind, fields in (
+            ("Transformer", "softmax", {}),
+            ("Motif (output_gate=none)", "motif", dict(output_gate="none")),
+            ("DIFF V2 (gda_ratio=2)", "diff_v2", dict(gda_ratio=2)),
+        )
+    }
+    compute = out.split("training compute")[1]
+    for label, value in flops.items():
+        found = re.search(rf"  {re.escape(label)} +([0-9,]+)  \(([0-9.]+)x\)   a run: ([0-9.e+]+)", compute)
+        assert found, label
+        assert int(found[1].replace(",", "")) == round(value)
+        assert float(found[2]) == pytest.approx(value / flops["Transformer"], abs=5e-4)
+        steps, rows = preset.training.max_steps, preset.training.per_device_train_batch_size
+        assert float(found[3]) == pytest.approx(steps * rows * preset.block_size * value, rel=1e-3)
+    assert main(["plan", "--preset", "micro", "--kinds", "softmax,foo(bar=1)"]) == 2
+    assert "a model is KIND or KIND(FIELD=VALUE,...)" in capsys.readouterr().err

@@ -3,25 +3,19 @@ composition of parts, ``diff_v2(output_gate=elementwise)`` (the part fields of l
 
 from __future__ import annotations
 
-import ast
 import re
 from dataclasses import dataclass, field
 
 from difftransformer.errors import UsageError
-from difftransformer.models import ATTENTION_KINDS, KINDS, DiffTransformerConfig, matched_config
+from difftransformer.models import DiffTransformerConfig, matched_config
+from difftransformer.models.compositions import (
+    composition_label,
+    composition_spec,
+    parse_composition,
+    split_top_level,
+)
 
-KIND_LABELS = {name: kind.label for name, kind in KINDS.items()}
 BASELINE = "softmax"
-_VARIANT = re.compile(r"^\s*([a-z_0-9]+)\s*(?:\((.*)\))?\s*$", re.DOTALL)
-# Fields a variant may not override: they define the kind and the matched shape, which the preset decides.
-_FIXED = {
-    "attention",
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "vocab_size",
-}
 
 
 @dataclass(frozen=True)
@@ -36,10 +30,7 @@ class Variant:
 
     @property
     def label(self) -> str:
-        base = KIND_LABELS[self.kind]
-        if not self.overrides:
-            return base
-        return f"{base} ({', '.join(f'{key}={value}' for key, value in self.overrides.items())})"
+        return composition_label(self.kind, self.overrides)
 
     @property
     def slug(self) -> str:
@@ -63,68 +54,17 @@ class Variant:
 
     def spec(self) -> str:
         """The text that parses back to this variant."""
-        if not self.overrides:
-            return self.kind
-        return f"{self.kind}({','.join(f'{key}={value}' for key, value in self.overrides.items())})"
-
-
-def _split_top_level(text: str) -> list[str]:
-    """Split at commas outside parentheses."""
-    items, depth, current = [], 0, []
-    for char in text:
-        if char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-            if depth < 0:
-                raise UsageError(f"unbalanced ')' in {text!r}")
-        if char == "," and depth == 0:
-            items.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-    if depth:
-        raise UsageError(f"unbalanced '(' in {text!r}")
-    items.append("".join(current))
-    return [item.strip() for item in items if item.strip()]
-
-
-def _value(text: str):
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
+        return composition_spec(self.kind, self.overrides)
 
 
 def parse_variant(text: str) -> Variant:
     """'diff(subln=none,lambda_init=0.8)' -> Variant('diff', {'subln': 'none', 'lambda_init': 0.8})."""
-    match = _VARIANT.match(text)
-    if not match or match.group(1) not in ATTENTION_KINDS:
-        raise UsageError(
-            f"a variant is KIND or KIND(FIELD=VALUE,...) with KIND one of {', '.join(ATTENTION_KINDS)}; got {text!r}"
-        )
-    kind, body = match.group(1), match.group(2)
-    overrides = {}
-    for item in _split_top_level(body or ""):
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise UsageError(f"variant {text!r}: each override is FIELD=VALUE; got {item!r}")
-        if key in _FIXED:
-            raise UsageError(
-                f"variant {text!r}: {key} is set by the preset and the matched-shape rule and cannot be overridden"
-            )
-        if key not in DiffTransformerConfig.__dataclass_fields__ and not hasattr(DiffTransformerConfig, key):
-            raise UsageError(f"variant {text!r}: {key!r} is not a DiffTransformerConfig field")
-        if key in overrides:
-            raise UsageError(f"variant {text!r}: {key} given twice")
-        overrides[key] = _value(value.strip())
-    return Variant(kind, overrides)
+    return Variant(*parse_composition(text))
 
 
 def parse_variants(text: str) -> list[Variant]:
     """'diff,diff(subln=none),diff_v2,softmax' -> the variants, distinct, in the given order."""
-    variants = [parse_variant(item) for item in _split_top_level(text)]
+    variants = [parse_variant(item) for item in split_top_level(text)]
     specs = [v.spec() for v in variants]
     if not variants or len(set(specs)) != len(specs):
         raise UsageError(f"`variants` must list distinct variants; got {text!r}")

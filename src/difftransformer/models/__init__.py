@@ -5,7 +5,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 from difftransformer.layers.kinds import KINDS, AttentionKind
 from difftransformer.layers.parts import AttentionParts
 from difftransformer.models.configuration import ATTENTION_KINDS, PART_FIELDS, DiffTransformerConfig
-from difftransformer.models.flops import Flops, training_flops
+from difftransformer.models.flops import Flops, decode_flops, training_flops
 from difftransformer.models.matching import matched_config, matching_rule
 from difftransformer.models.modeling import (
     DiffTransformerForCausalLM,
@@ -28,6 +28,7 @@ __all__ = [
     "DiffTransformerModel",
     "DiffTransformerPreTrainedModel",
     "Flops",
+    "decode_flops",
     "matched_config",
     "matching_rule",
     "training_flops",

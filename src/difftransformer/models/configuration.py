@@ -204,11 +204,12 @@ class DiffTransformerConfig(PreTrainedConfig):
                 "transformers' attention implementations (attn_implementation='eager', 'sdpa', ...): got "
                 f"attention_backend={self.attention_backend!r}, expected 'auto'"
             )
-        if self.sliding_window is not None and not self.causal:
+        if not self.causal and any(self.parts.windowed(layer) for layer in range(self.num_hidden_layers)):
             raise ValueError(
-                f"sliding_window={self.sliding_window} needs causal=True: a window is the keys before a query"
+                f"sliding_window={self.sliding_window} needs causal=True: a window is the keys before a query "
+                "(sliding_window_period=1 windows no layer)"
             )
-        if self.sliding_window is None and self.sliding_window_period:
+        if self.sliding_window is None and self.sliding_window_period > 1:
             raise ValueError(
                 f"sliding_window_period={self.sliding_window_period} picks the windowed layers, but "
                 "sliding_window is None (no window)"

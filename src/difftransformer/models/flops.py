@@ -1,5 +1,6 @@
-"""Training compute of a configuration, counted from its shapes and parts: the multiply-adds of its matrix products
-(2 FLOPs each), forward and backward (3x the forward, as in Kaplan et al.'s 6N), per token of a causal row.
+"""Compute of a configuration, counted from its shapes and parts: the multiply-adds of its matrix products (2 FLOPs
+each) per token, for training (forward and backward: 3x the forward, as in Kaplan et al.'s 6N) on causal rows and for
+a decode step after a number of cached tokens.
 
 Counted per token and layer: every projection (q with its noise and gate rows, k, v, o, lambda_proj), the SwiGLU
 (three d_model x intermediate products) and the LM head; in the attention, each query map's logits (2 d a key) and
@@ -19,7 +20,7 @@ from difftransformer.models.configuration import DiffTransformerConfig
 
 @dataclass(frozen=True)
 class Flops:
-    """Training FLOPs per token of one configuration at one row length."""
+    """FLOPs per token of one configuration, by where they are spent."""
 
     projections: float
     attention: float
@@ -39,8 +40,8 @@ def mean_keys(block_size: int, window: int | None) -> float:
     return (window * (window + 1) / 2 + (block_size - window) * window) / block_size
 
 
-def training_flops(config: DiffTransformerConfig, block_size: int) -> Flops:
-    """FLOPs per trained token (forward and backward) of ``config`` on rows of ``block_size`` tokens."""
+def forward_flops(config: DiffTransformerConfig, keys: list[float]) -> Flops:
+    """Forward FLOPs per token of ``config`` when a query of layer i sees ``keys[i]`` keys."""
     d_model, d, layers = config.hidden_size, config.map_head_dim, config.num_hidden_layers
     parts, heads = config.parts, config.num_attention_heads
     split = config.differential_heads
@@ -53,12 +54,30 @@ def training_flops(config: DiffTransformerConfig, block_size: int) -> Flops:
     # logits of every query map (d wide); weighted values: one combined map a head over the 2d value (split), or
     # one a query map over the d-wide value (whole)
     per_key = 2 * query_maps * d + 2 * (heads * out_width if split else query_maps * d)
-    attention = sum(per_key * mean_keys(block_size, config.sliding_window if parts.windowed(i) else None)
-                    for i in range(layers))  # fmt: skip
-    forward = dict(
+    return Flops(
         projections=projections * layers,
-        attention=attention,
+        attention=per_key * sum(keys),
         mlp=2 * 3 * d_model * config.intermediate_size * layers,
         head=2 * d_model * config.vocab_size,
     )
-    return Flops(**{name: 3 * value for name, value in forward.items()})
+
+
+def _window(config: DiffTransformerConfig, layer: int) -> int | None:
+    return config.sliding_window if config.parts.windowed(layer) else None
+
+
+def training_flops(config: DiffTransformerConfig, block_size: int) -> Flops:
+    """FLOPs per trained token (forward and backward: 3x the forward) of ``config`` on rows of ``block_size``
+    tokens."""
+    keys = [mean_keys(block_size, _window(config, layer)) for layer in range(config.num_hidden_layers)]
+    forward = forward_flops(config, keys)
+    return Flops(*(3 * getattr(forward, name) for name in ("projections", "attention", "mlp", "head")))
+
+
+def decode_flops(config: DiffTransformerConfig, cached: int) -> Flops:
+    """FLOPs of one decode step (one new token) of ``config`` after ``cached`` tokens."""
+    keys = []
+    for layer in range(config.num_hidden_layers):
+        window = _window(config, layer)
+        keys.append(cached + 1 if window is None else min(cached + 1, window))
+    return forward_flops(config, keys)

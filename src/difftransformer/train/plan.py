@@ -23,7 +23,8 @@ from torch import nn
 from transformers.trainer_utils import FSDPOption
 
 from difftransformer.errors import UsageError
-from difftransformer.models import KINDS, DiffTransformerConfig, DiffTransformerForCausalLM
+from difftransformer.models import KINDS, DiffTransformerConfig, DiffTransformerForCausalLM, training_flops
+from difftransformer.models.compositions import composition_label, parse_composition, split_top_level
 from difftransformer.train.presets import Preset
 from difftransformer.train.settings import step_tokens
 
@@ -69,6 +70,30 @@ class ParallelSetup:
     def compute_bytes(self) -> int:
         """Bytes of one element of the compute copy of a weight (bfloat16 under --bf16)."""
         return BFLOAT16_BYTES if self.bf16 else FLOAT32_BYTES
+
+
+@dataclass(frozen=True)
+class PlannedModels:
+    """``plan --kinds``: the models planned, each a kind or a composition of parts in compare's spelling."""
+
+    _argument_group_name = "models"
+
+    kinds: str = field(
+        default=",".join(PLANNED_KINDS),
+        metadata={"help": "the models planned, comma-separated: kinds or compositions, KIND(FIELD=VALUE,...), e.g. "
+                  "diff_v2(output_gate=elementwise) (default: every kind)"},
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if not self.specs:
+            raise UsageError(f"`kinds` must name at least one model; got {self.kinds!r}")
+        for spec in self.specs:
+            parse_composition(spec, noun="model")
+
+    @property
+    def specs(self) -> tuple[str, ...]:
+        """Each model's text."""
+        return tuple(split_top_level(self.kinds))
 
 
 @dataclass(frozen=True)
@@ -333,8 +358,9 @@ class TimedStretch:
 
 @dataclass(frozen=True)
 class KindPlan:
-    """One attention kind's model: its parameters, memory per device under DDP and FSDP, and (when timed) the
-    seconds of a training step in each stretch of the run's row lengths."""
+    """One model (a kind or a composition of parts): its parameters, memory per device under DDP and FSDP, its
+    training FLOPs (a token at the block size, and the run's, counted from its shapes: models/flops.py) and (when
+    timed) the seconds of a training step in each stretch of the run's row lengths."""
 
     kind: str
     config: DiffTransformerConfig
@@ -342,7 +368,14 @@ class KindPlan:
     rates: ActivationRates
     ddp: MemoryEstimate
     fsdp: MemoryEstimate
+    flops_per_token: float
+    run_flops: float
     timed: tuple[TimedStretch, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """Its name in tables."""
+        return composition_label(*parse_composition(self.kind))
 
     @property
     def training_seconds(self) -> float:
@@ -374,8 +407,16 @@ def make_plan(
     batch = preset.training.per_device_train_batch_size
     tokens_per_device = preset.block_size * batch
     plans = []
+    stretches = preset.recall.stretches(0, preset.training.max_steps, preset.block_size)
+    rows_per_step = step_tokens(
+        1,
+        per_device_batch=batch,
+        accumulation=preset.training.gradient_accumulation_steps,
+        world_size=setup.world_size,
+    )
     for kind in kinds:
-        config = preset.model_config(kind)
+        name, fields = parse_composition(kind, noun="model")
+        config = preset.model_config(name, **fields)
         counts = count_parameters(config)
         rates = activation_rates(config, bf16=setup.bf16)
         layers = config.num_hidden_layers
@@ -387,13 +428,16 @@ def make_plan(
                 rates=rates,
                 ddp=ddp_memory(counts, rates, setup, layers, tokens_per_device),
                 fsdp=fsdp_memory(counts, rates, setup, layers, tokens_per_device),
+                flops_per_token=training_flops(config, preset.block_size).total,
+                run_flops=sum(
+                    steps * rows_per_step * tokens * training_flops(config, tokens).total
+                    for steps, tokens in stretches
+                ),
                 timed=tuple(
                     TimedStretch(
                         steps, tokens, step_seconds(config, batch, tokens, timing.time_steps, timing.threads)
                     )
-                    for steps, tokens in preset.recall.stretches(
-                        0, preset.training.max_steps, preset.block_size
-                    )
+                    for steps, tokens in stretches
                 )
                 if timing.time_steps
                 else (),

@@ -14,13 +14,10 @@ from transformers.trainer_utils import FSDPOption
 
 from difftransformer.errors import UsageError
 from difftransformer.flags import add_flags, given
-from difftransformer.models import KINDS
 from difftransformer.train.cli import checked_training_settings, resolved_preset, training_options
-from difftransformer.train.plan import GIB, ParallelSetup, Plan, StepTiming, make_plan
+from difftransformer.train.plan import GIB, ParallelSetup, Plan, PlannedModels, StepTiming, make_plan
 from difftransformer.train.presets import PRESETS, RECIPE
 from difftransformer.train.settings import PresetOptions, TrainingSettings
-
-KIND_NAMES = {name: kind.label for name, kind in KINDS.items()}
 
 
 def format_plan(plan: Plan) -> str:
@@ -35,11 +32,23 @@ def format_plan(plan: Plan) -> str:
         "",
         "parameters:",
     ]
+    width = max(15, *(len(kind.label) for kind in plan.kinds))
     for kind in plan.kinds:
         config = kind.config
         lines.append(
-            f"  {KIND_NAMES[kind.kind]:<15} {kind.counts.total:>15,}  ({config.num_attention_heads} heads, "
+            f"  {kind.label:<{width}} {kind.counts.total:>15,}  ({config.num_attention_heads} heads, "
             f"{kind.counts.per_layer:,} per layer, {kind.counts.outside_layers:,} in embeddings, norm and head)"
+        )
+    baseline = next((k for k in plan.kinds if k.kind == "softmax"), None)
+    lines += [
+        "",
+        f"training compute (FLOPs a token, forward and backward, at {preset.block_size}-token rows, counted from each "
+        "model's shapes; the run's FLOPs at its steps" + ("; x the Transformer's" if baseline else "") + "):",
+    ]
+    for kind in plan.kinds:
+        ratio = f"  ({kind.flops_per_token / baseline.flops_per_token:.3f}x)" if baseline else ""
+        lines.append(
+            f"  {kind.label:<{width}} {kind.flops_per_token:>15,.0f}{ratio}   a run: {kind.run_flops:.3e}"
         )
     precision = "bf16 mixed precision" if setup.bf16 else "float32"
     checkpointing = "gradient checkpointing" if setup.gradient_checkpointing else "no gradient checkpointing"
@@ -48,8 +57,8 @@ def format_plan(plan: Plan) -> str:
         f"memory per device, GiB ({setup.world_size} processes, {precision}, {checkpointing}, AdamW, micro-batch "
         f"{batch} x {preset.block_size} tokens; FSDP: {' '.join(setup.fsdp)}):",
     ]
-    shown = [k for k in plan.kinds if k.kind in ("diff", "softmax")]
-    titles = [f"{KIND_NAMES[k.kind]} {engine}" for k in shown for engine in ("DDP", "FSDP")]
+    shown = [k for k in plan.kinds if k.kind in ("diff", "softmax")] or list(plan.kinds[:2])
+    titles = [f"{k.label} {engine}" for k in shown for engine in ("DDP", "FSDP")]
     column = max(16, *(len(title) + 2 for title in titles))
     lines.append(f"  {'':<16}" + "".join(f"{title:>{column}}" for title in titles))
     for label in ("weights", "gradients", "optimizer_state", "activations", "total"):
@@ -69,7 +78,7 @@ def format_plan(plan: Plan) -> str:
         threads = plan.timing.threads or "torch's default"
         lines += ["", f"training time of one run on this machine ({steps:,} steps, {threads} threads, timed over "
                   f"{plan.timing.time_steps} steps; evaluation and start-up not included):"]  # fmt: skip
-        width = max(len(KIND_NAMES[kind.kind]) for kind in timed)
+        width = max(len(kind.label) for kind in timed)
         for kind in timed:
             if len(kind.timed) == 1:
                 stretches = f"{kind.timed[0].seconds:.3f} s a step"
@@ -78,9 +87,7 @@ def format_plan(plan: Plan) -> str:
                     f"{stretch.steps:,} steps of {stretch.tokens}-token rows at {stretch.seconds:.3f} s"
                     for stretch in kind.timed
                 )
-            lines.append(
-                f"  {KIND_NAMES[kind.kind]:<{width}} {kind.training_seconds / 60:>10.1f} min  ({stretches})"
-            )
+            lines.append(f"  {kind.label:<{width}} {kind.training_seconds / 60:>10.1f} min  ({stretches})")
     if setup.world_size > 1 and accumulation % setup.world_size == 0:
         lines.append(
             f"batch flags are per process: --gradient-accumulation-steps {accumulation // setup.world_size} keeps "
@@ -97,6 +104,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """``plan``'s options: the world size, then ``train``'s preset and training options (output dir excepted)."""
     parser.epilog = "presets: " + ", ".join(PRESETS)
     add_flags(parser, ParallelSetup, exclude=FROM_TRAINING, only_given=True)
+    add_flags(parser, PlannedModels)
     add_flags(parser, StepTiming)
     add_flags(parser, PresetOptions)
     add_flags(parser, TrainingSettings, preset_fields=frozenset(RECIPE), exclude=frozenset({"output_dir"}))
@@ -129,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
     timing = StepTiming(**given(vars(args), StepTiming))
     if timing.time_steps and parallel_setup(args).world_size > 1:
         raise UsageError("`time_steps` times one process; leave `world_size` at 1 to time steps")
-    print(format_plan(make_plan(preset, parallel_setup(args), timing=timing)))
+    models = PlannedModels(**given(vars(args), PlannedModels))
+    print(format_plan(make_plan(preset, parallel_setup(args), kinds=models.specs, timing=timing)))
     optimizer = str(given(vars(args), TrainingSettings).get("optim", "adamw_torch"))
     if not optimizer.startswith("adamw") or "8bit" in optimizer:
         print(
