@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-slow lint demo demo-check study study-scaling study-kinds study-parts study-retrieval study-retrieval-long study-upcycle bench clean hub test-serving
+.PHONY: test test-slow lint demo demo-check study study-scaling study-kinds study-parts study-retrieval study-retrieval-long study-upcycle bench bench-check clean hub test-serving
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -151,6 +151,14 @@ study-upcycle: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m difftransformer bench
+
+# The side-by-side benchmark (DIFF V1, every other kind and the matched baseline in one process, medians of
+# interleaved rounds: train steps, greedy decode, peak memory) against the figures committed for this CPU model in
+# docs/bench_check.json (scripts/bench_check.py): fails naming every ratio that moved past the figures' noise band
+# (5%). A few minutes on 2 CPU cores; run it alone on the machine before any change to ops/, layers/ or the vLLM
+# plugin is submitted. `scripts/bench_check.py --write` measures this CPU's figures (docs/performance.md).
+bench-check: $(STAMP)
+	$(PY) scripts/bench_check.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

@@ -1,14 +1,16 @@
-"""The benchmark's outputs: a ratio table (text), JSON and a PNG of the ratios, written atomically.
+"""The benchmark's outputs: two ratio tables (text), JSON and a PNG of the ratios, written atomically.
 
-DIFF's ratios keep their own columns (over the baseline, over DiffLlama, against the targets); every other kind
-benchmarked beside them (GDA, gated attention) gets its cost over the baseline, labelled from its declaration."""
+DIFF's ratios keep their own table (over the baseline, over DiffLlama, against the targets); the kinds table gives
+DIFF and every other kind benchmarked beside it (named by its text, ``gda(gda_ratio=3)``) its cost over the
+baseline beside its FLOPs over the baseline's, so that "at its floor" (a measured ratio no higher than the FLOP
+ratio) reads off one line."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from difftransformer.bench.workloads import BASELINE, DIFF, DIFFLLAMA
 from difftransformer.errors import UsageError
-from difftransformer.models import KINDS
 from difftransformer.storage import atomic_write, read_json
 
 # The project's targets (2 CPU cores, fp32): DIFF / baseline at most this, per (section, setting) prefix.
@@ -24,10 +26,16 @@ def target_for(section: str, setting: str) -> float | None:
 
 
 def ratio_row(
-    section: str, setting: str, unit: str, values: dict[str, float], lower_is_better: bool = True
+    section: str,
+    setting: str,
+    unit: str,
+    values: dict[str, float],
+    lower_is_better: bool = True,
+    flops: dict[str, float] | None = None,
 ) -> dict:
-    """One table row: the contenders' values, the ratios DIFF/baseline and DIFF/DiffLlama, and each other kind's
-    cost over the baseline (``kinds_over_baseline``).
+    """One table row: the contenders' values, the ratios DIFF/baseline and DIFF/DiffLlama, each other kind's cost
+    over the baseline (``kinds_over_baseline``) and, given each contender's ``flops`` for the row's work, DIFF's and
+    every other kind's FLOPs over the baseline's (``flops_over_baseline``; empty without them).
 
     Ratios are always expressed as the kind's cost over the other's (time, bytes, or 1 / tokens-per-second), so
     below 1 means the kind is cheaper.
@@ -40,51 +48,76 @@ def ratio_row(
         return a / b if lower_is_better else b / a
 
     limit = target_for(section, setting)
-    ratio = cost_ratio("diff", "baseline")
-    others = [name for name in values if name in KINDS and name not in ("diff", "softmax")]
+    ratio = cost_ratio(DIFF, BASELINE)
+    others = [name for name in values if name not in (DIFF, BASELINE, DIFFLLAMA)]
+    counted = flops or {}
     return dict(
         section=section,
         setting=setting,
         unit=unit,
         values=values,
         diff_over_baseline=ratio,
-        diff_over_diffllama=cost_ratio("diff", "diffllama"),
-        kinds_over_baseline={name: cost_ratio(name, "baseline") for name in others},
+        diff_over_diffllama=cost_ratio(DIFF, DIFFLLAMA),
+        kinds_over_baseline={name: cost_ratio(name, BASELINE) for name in others},
+        flops_over_baseline={
+            name: counted[name] / counted[BASELINE]
+            for name in counted
+            if name != BASELINE and BASELINE in counted
+        },
         target=limit,
         met=None if limit is None or ratio is None else ratio <= limit,
     )
+
+
+def kind_ratios(row: dict) -> dict[str, float]:
+    """Every kind's cost over the baseline in ``row``, DIFF's first: {"diff": ..., "gda(gda_ratio=3)": ...}."""
+    ratios = {} if row["diff_over_baseline"] is None else {DIFF: row["diff_over_baseline"]}
+    return {**ratios, **row.get("kinds_over_baseline", {})}
 
 
 def _fmt(value: float | None, spec: str = ".3g") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _kind_columns(rows: list[dict]) -> list[str]:
-    """The other kinds the rows hold a ratio of, in the order they first appear."""
-    return list(dict.fromkeys(name for row in rows for name in row.get("kinds_over_baseline", {})))
-
-
 def format_table(rows: list[dict]) -> str:
-    """Plain-text table, one line per row; the ratio columns are each kind's cost over the baseline's (and DIFF's
-    over DiffLlama's)."""
-    kinds = _kind_columns(rows)
-    labels = [f"{KINDS[name].label.split()[0]}/base" for name in kinds]
+    """Plain text: DIFF's table, one line per row (its values, the baseline's and DiffLlama's, DIFF's cost over
+    each, the target), then the kinds table (:func:`format_kinds_table`) where the rows hold other kinds or FLOPs."""
     head = (
         f"{'section':<8} {'setting':<24} {'unit':<9} {'DIFF':>9} {'baseline':>9} {'DiffLlama':>9} "
-        f"{'DIFF/base':>9} {'DIFF/DL':>8} {'target':>7}" + "".join(f" {label:>10}" for label in labels)
+        f"{'DIFF/base':>9} {'DIFF/DL':>8} {'target':>7}"
     )
     lines = [head, "-" * len(head)]
     for row in rows:
         vals = row["values"]
         met = "" if row["met"] is None else (" ok" if row["met"] else " MISS")
-        others = row.get("kinds_over_baseline", {})
         lines.append(
-            f"{row['section']:<8} {row['setting']:<24} {row['unit']:<9} {_fmt(vals.get('diff')):>9} "
-            f"{_fmt(vals.get('baseline')):>9} {_fmt(vals.get('diffllama')):>9} "
+            f"{row['section']:<8} {row['setting']:<24} {row['unit']:<9} {_fmt(vals.get(DIFF)):>9} "
+            f"{_fmt(vals.get(BASELINE)):>9} {_fmt(vals.get(DIFFLLAMA)):>9} "
             f"{_fmt(row['diff_over_baseline'], '.3f'):>9} {_fmt(row['diff_over_diffllama'], '.3f'):>8} "
-            f"{_fmt(row['target'], '.2f'):>7}{f'{met:<5}' if kinds else met}"
-            + "".join(f" {_fmt(others.get(name), '.3f'):>10}" for name in kinds)
+            f"{_fmt(row['target'], '.2f'):>7}{met}"
         )
+    if any(row.get("kinds_over_baseline") or row.get("flops_over_baseline") for row in rows):
+        lines += ["", format_kinds_table(rows)]
+    return "\n".join(lines)
+
+
+def format_kinds_table(rows: list[dict]) -> str:
+    """Plain text, one line per (row, kind): the kind's measured cost over the baseline, its FLOPs over the
+    baseline's ("-" where the section counts none) and the one over the other (at most 1: at its floor)."""
+    specs = [kind for row in rows for kind in kind_ratios(row)]
+    width = max(24, *(len(spec) for spec in specs)) if specs else 24
+    head = f"{'section':<8} {'setting':<24} {'kind':<{width}} {'measured':>9} {'FLOPs':>7} {'meas/FLOPs':>10}"
+    lines = ["each kind over the baseline (cost: time, bytes or 1/tokens-per-second; FLOPs per token)", head,
+             "-" * len(head)]  # fmt: skip
+    for row in rows:
+        counted = row.get("flops_over_baseline", {})
+        for kind, measured in kind_ratios(row).items():
+            floor = counted.get(kind)
+            over = None if floor is None or measured is None else measured / floor
+            lines.append(
+                f"{row['section']:<8} {row['setting']:<24} {kind:<{width}} {_fmt(measured, '.3f'):>9} "
+                f"{_fmt(floor, '.3f'):>7} {_fmt(over, '.3f'):>10}"
+            )
     return "\n".join(lines)
 
 
@@ -112,9 +145,9 @@ def plot_ratios(path: Path, rows: list[dict], title: str) -> None:
     labels = [f"{r['section']} {r['setting']}" for r in shown]
     bars = [("DIFF / baseline", [r["diff_over_baseline"] for r in shown])]
     bars.append(("DIFF / DiffLlama", [r["diff_over_diffllama"] or 0.0 for r in shown]))
-    for name in _kind_columns(shown):
+    for name in dict.fromkeys(name for row in shown for name in row.get("kinds_over_baseline", {})):
         ratios = [r.get("kinds_over_baseline", {}).get(name) or 0.0 for r in shown]
-        bars.append((f"{KINDS[name].label} / baseline", ratios))
+        bars.append((f"{name} / baseline", ratios))
     fig, ax = plt.subplots(figsize=(8, 0.2 * len(bars) * len(shown) + 1.5))
     ys = range(len(shown))
     height = 0.8 / len(bars)

@@ -12,15 +12,17 @@ from typing import Literal
 
 import torch
 
-from difftransformer.bench.workloads import BenchShape
+from difftransformer.bench.workloads import BenchShape, bench_configs
 from difftransformer.errors import UsageError, check_seed
 from difftransformer.flags import torch_device
-from difftransformer.models import KINDS
+from difftransformer.models.compositions import composition_spec, parse_composition, split_top_level
 from difftransformer.ops import BACKENDS
 
 SECTIONS = ("op", "train", "decode", "memory")
-# The kinds a run may time beside DIFF V1 and the baseline (train, decode and memory), each by its matching rule.
-OTHER_KINDS = tuple(name for name in KINDS if name not in ("diff", "softmax"))
+# Every kind beside DIFF V1 and the baseline, which are always timed: GDA at 3 signal heads a noise map (at its
+# kind's own ratio, 1, it is DIFF V1), the others at their declared points. tests/test_bench.py checks that each kind
+# of layers/kinds.py is here.
+DEFAULT_KINDS = ("gda(gda_ratio=3)", "diff_v2", "gated", "motif")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 OP_BACKENDS = tuple(
     b for b in BACKENDS if b != "reference"
@@ -33,6 +35,15 @@ QUICK = dict(
 # int32 indexing of CPU kernels long before any machine has the memory.
 MAX_LENGTH = 2**20
 MAX_BATCH = 2**16
+
+
+def parse_kinds(text: str) -> list[str]:
+    """``--kinds``' word: kinds or compositions of parts, comma-separated, in the one spelling compare and plan take
+    (``motif,diff_v2(gda_ratio=4)``), each as the text that parses back to it."""
+    specs = split_top_level(text)
+    if not specs:
+        raise UsageError(f"`kinds` must list at least one kind; got {text!r}")
+    return [composition_spec(*parse_composition(spec, noun="kind")) for spec in specs]
 
 
 def _help(text: str) -> dict:
@@ -72,13 +83,21 @@ class BenchSettings:
         metadata=_help("DIFF heads (the baseline gets twice as many), as train's models count them"),
     )
     vocab_size: int = field(default=4096, metadata=_help("vocabulary size"))
-    kinds: tuple[Literal[OTHER_KINDS], ...] = field(
-        default=("gda", "gated"),
-        metadata=_help("the other attention kinds timed beside DIFF and the baseline in the train, decode and "
-                       "memory sections, each by its matching rule against the baseline"),
-    )  # fmt: skip
-    gda_ratio: int = field(
-        default=3, metadata=_help("GDA's signal heads per noise map (with gda in --kinds)")
+    kinds: tuple[str, ...] = field(
+        default=DEFAULT_KINDS,
+        metadata=dict(
+            help="the other attention kinds timed beside DIFF and the baseline in the train, decode and memory "
+            "sections, comma-separated, each matched to the baseline by the parts' rule: a kind, or a composition "
+            "of parts as compare and plan spell it, KIND(FIELD=VALUE,...), e.g. "
+            "'motif,diff_v2(output_gate=elementwise)'",
+            parse=parse_kinds,
+            show=",".join,
+            metavar="KINDS",
+        ),
+    )
+    diffllama: bool = field(
+        default=True,
+        metadata=_help("time transformers' DiffLlama (converted from the DIFF model) beside DIFF"),
     )
     batch: int = field(default=4, metadata=_help("train-step batch size"))
     repeats: int = field(default=5, metadata=_help("timed rounds per measurement (their median; at least 5)"))
@@ -120,7 +139,7 @@ class BenchSettings:
             )
         for name, lowest, highest in (("op_batch", 1, MAX_BATCH), ("batch", 1, MAX_BATCH),
                                       ("prompt_len", 1, MAX_LENGTH), ("new_tokens", 2, MAX_LENGTH),
-                                      ("num_hidden_layers", 1, 1024), ("vocab_size", 4, 2**24), ("gda_ratio", 1, 64),
+                                      ("num_hidden_layers", 1, 1024), ("vocab_size", 4, 2**24),
                                       ("warmup", 0, 1000), ("repeats", 5, 1000)):  # fmt: skip
             value = getattr(self, name)
             if not lowest <= value <= highest:
@@ -138,8 +157,21 @@ class BenchSettings:
             raise UsageError(
                 f"`threads` must lie in [1, {os.cpu_count()}] (the CPU count); got {self.threads}"
             )
+        specs = [composition_spec(*parse_composition(kind, noun="kind")) for kind in self.kinds]
+        if len(set(specs)) != len(specs) or {"diff", "softmax"} & set(specs):
+            raise UsageError(
+                "`kinds` must list distinct kinds other than plain diff and softmax (DIFF V1 and the baseline are "
+                f"always timed); got {','.join(self.kinds)}"
+            )
+        # a kind the matching rule cannot match at this shape, refused before any work
+        bench_configs(self.shape, self.longest, self.kinds)
         check_seed(self.seed)
         torch_device(self.device)
+
+    @property
+    def longest(self) -> int:
+        """The longest sequence a model of this run holds: a train row or a decode's prompt and new tokens."""
+        return max(*self.train_lengths, self.prompt_len + self.new_tokens)
 
     @property
     def shape(self) -> BenchShape:
@@ -151,3 +183,15 @@ class BenchSettings:
     def to_json(self) -> dict:
         """The settings as JSON data, as the results file records them."""
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, values: dict) -> BenchSettings:
+        """The settings :meth:`to_json` wrote; a UsageError naming a field this version does not have."""
+        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise UsageError(
+                f"benchmark settings hold fields this version does not take: {', '.join(unknown)}"
+            )
+        read = {name: tuple(value) if isinstance(value, list) else value for name, value in values.items()}
+        # the values are --quick's already, where it was given: applying it again could move a value given beside it
+        return cls(**{**read, "quick": False})

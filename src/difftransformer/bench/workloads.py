@@ -2,8 +2,10 @@
 
 Contenders share one random init: the baseline is built from the same seed, and DiffLlama is converted
 from our DIFF model (:func:`difftransformer.convert.to_diffllama`), so it computes the same function. The other
-attention kinds benchmarked beside them (GDA, gated attention) follow the baseline by their matching rules
-(layers/kinds.py), each built from the same seed.
+attention kinds benchmarked beside them (any kind, or a composition of parts such as
+``diff_v2(output_gate=elementwise)``) follow the baseline by the parts' matching rule (models/matching.py), each
+built from the same seed. Each contender's FLOPs per token are counted from its configuration (models/flops.py), so
+a measured ratio can be read against the ratio of the work.
 """
 
 from __future__ import annotations
@@ -12,15 +14,20 @@ import dataclasses
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from difftransformer import DiffTransformerConfig, DiffTransformerForCausalLM
-from difftransformer.models import matched_config
+from difftransformer.errors import UsageError
+from difftransformer.models import decode_flops, matched_config, training_flops
+from difftransformer.models.compositions import parse_composition
 from difftransformer.ops import diff_attention
+
+# The contenders' names in every measurement; each other kind is named by its text (``gda(gda_ratio=3)``).
+DIFF, BASELINE, DIFFLLAMA = "diff", "baseline", "diffllama"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,30 +59,69 @@ def diff_config(shape: BenchShape, max_len: int) -> DiffTransformerConfig:
     )
 
 
+def bench_configs(
+    shape: BenchShape, max_len: int, kinds: Sequence[str] = ()
+) -> dict[str, DiffTransformerConfig]:
+    """{"diff": DIFF V1, "baseline": its ``matched_baseline()``, and each of ``kinds`` (a kind or a composition,
+    ``KIND(FIELD=VALUE,...)``) under its text, matched to that baseline by the parts' rule}; a UsageError naming
+    ``kinds`` for one that does not parse or that the rule cannot match at this shape."""
+    diff = diff_config(shape, max_len)
+    baseline = diff.matched_baseline()
+    configs = {DIFF: diff, BASELINE: baseline}
+    for spec in kinds:
+        kind, fields = parse_composition(spec, noun="kind")
+        try:
+            configs[spec] = matched_config(baseline, kind, **fields)
+        except (TypeError, ValueError) as err:
+            raise UsageError(
+                f"`kinds`: {spec} cannot be matched to the bench's baseline ({baseline.num_attention_heads} "
+                f"heads of width {baseline.head_dim} over {baseline.num_key_value_heads} KV heads): {err}"
+            ) from err
+    return configs
+
+
 def build_models(
     shape: BenchShape,
     max_len: int,
     device: torch.device,
     dtype: torch.dtype,
     seed: int,
-    kinds: tuple[str, ...] = (),
-    gda_ratio: int = 3,
+    kinds: Sequence[str] = (),
+    diffllama: bool = True,
 ) -> dict[str, nn.Module]:
-    """{"diff", "baseline", "diffllama", *kinds}: DIFF, matched_baseline(), transformers' DiffLlama and the other
-    attention ``kinds`` by their matching rules against that baseline (GDA at ``gda_ratio``), same seed."""
-    from difftransformer.convert import to_diffllama  # transformers' DiffLlama only when benchmarked
-
-    config = diff_config(shape, max_len)
-    torch.manual_seed(seed)
-    diff = DiffTransformerForCausalLM(config)
-    torch.manual_seed(seed)
-    baseline = DiffTransformerForCausalLM(config.matched_baseline())
-    models = {"diff": diff, "baseline": baseline, "diffllama": to_diffllama(diff)}
-    for kind in kinds:
-        fields = {"gda_ratio": gda_ratio} if kind == "gda" else {}
+    """The models of :func:`bench_configs`, each built from ``seed``, and (with ``diffllama``) transformers'
+    DiffLlama converted from the DIFF model, on ``device`` in ``dtype``."""
+    models = {}
+    for name, config in bench_configs(shape, max_len, kinds).items():
         torch.manual_seed(seed)
-        models[kind] = DiffTransformerForCausalLM(matched_config(baseline.config, kind, **fields))
+        models[name] = DiffTransformerForCausalLM(config)
+    if diffllama:
+        from difftransformer.convert import to_diffllama  # transformers' DiffLlama only when benchmarked
+
+        models[DIFFLLAMA] = to_diffllama(models[DIFF])
     return {name: model.to(device=device, dtype=dtype) for name, model in models.items()}
+
+
+def train_flops(models: dict[str, nn.Module], length: int) -> dict[str, float]:
+    """FLOPs per trained token of each of ``models`` built from our configuration (DiffLlama left out) on rows of
+    ``length`` tokens."""
+    return {
+        name: training_flops(model.config, length).total
+        for name, model in models.items()
+        if isinstance(model.config, DiffTransformerConfig)
+    }
+
+
+def decode_step_flops(models: dict[str, nn.Module], prompt_len: int, steps: int) -> dict[str, float]:
+    """FLOPs of the ``steps`` timed decode steps after a ``prompt_len``-token prefill (the first step attends to the
+    prompt and its own token), summed per model as :class:`GreedyDecode` runs them; DiffLlama left out."""
+    return {
+        name: sum(
+            decode_flops(model.config, cached).total for cached in range(prompt_len, prompt_len + steps)
+        )
+        for name, model in models.items()
+        if isinstance(model.config, DiffTransformerConfig)
+    }
 
 
 def random_ids(shape: BenchShape, length: int, device: torch.device, seed: int, batch: int | None = None):
