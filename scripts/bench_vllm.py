@@ -1,15 +1,19 @@
-"""vLLM serving throughput of every attention kind (DIFF V2, DIFF V1, GDA, gated attention) and the matched softmax
-Transformer, and vLLM against transformers' ``generate``, in one run (docs/performance.md, "Serving with vLLM").
+"""vLLM serving throughput of every attention kind (DIFF V2, motif, DIFF V1, GDA, gated attention, or any
+composition of parts) and the matched softmax Transformer, and vLLM against transformers' ``generate``, in one run
+(docs/performance.md, "Serving with vLLM").
 
 Run from the package's environment after ``make test-serving`` has built the vLLM one:
-``.venv/bin/python scripts/bench_vllm.py [--batches 1 32] [--new-tokens 128] [--repeats 3]``. The models have
-the benchmark's shape (``difftransformer bench``: d_model 256, 4 layers, 4 DIFF heads against 8 baseline heads of
-width 32; GDA 3:1 and gated attention by their matching rules against that baseline) with random weights; each generates ``--new-tokens`` tokens greedily (no stop) after the same 64-token
-prompts, in float32 on the CPU. transformers' side runs here; vLLM's runs this file again in the vLLM environment
-(``--vllm-worker``: vLLM pins an older transformers), one in-process engine per model, all held at once, prefix
-caching off so that every round generates from scratch. On each side the models take turns round by round in a
-rotating order, so that the machine's drift reaches them alike. Prints tokens/s (median of ``--repeats`` rounds
-after a warm-up round each) and the ratios; ``--output`` writes them as JSON.
+``.venv/bin/python scripts/bench_vllm.py [--kinds "diff_v2,motif"] [--batches 1 32] [--new-tokens 128]
+[--repeats 3]``. ``--kinds`` takes the spelling compare and plan take (``diff_v2(output_gate=elementwise)``). The
+models have the benchmark's shape (``difftransformer bench``: d_model 256, 4 layers, the baseline's 8 heads of width
+32), each kind matched to that baseline by the parts' rule (models/matching.py), with random weights; each generates
+``--new-tokens`` tokens greedily (no stop) after the same 64-token prompts, in float32 on the CPU. transformers'
+side runs here; vLLM's runs this file again in the vLLM environment (``--vllm-worker``: vLLM pins an older
+transformers), one in-process engine per model, all held at once, prefix caching off so that every round generates
+from scratch. On each side the models take turns round by round in a rotating order, so that the machine's drift
+reaches them alike. Prints tokens/s (median of ``--repeats`` rounds after a warm-up round each) and each kind's time
+over the baseline's beside its FLOPs over the baseline's (prefill and decode of one request, models/flops.py: the
+floor a kind can reach); ``--output`` writes them as JSON.
 """
 
 from __future__ import annotations
@@ -17,24 +21,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 
-KINDS = {
-    "diff_v2": dict(attention="diff_v2", num_attention_heads=8, num_key_value_heads=8),
-    "diff": dict(attention="diff", num_attention_heads=4, num_key_value_heads=4),
-    "gda": dict(attention="gda", num_attention_heads=6, gda_ratio=3, num_key_value_heads=2),
-    "gated": dict(attention="gated", num_attention_heads=8, num_key_value_heads=8),
-    "softmax": dict(attention="softmax", num_attention_heads=8, num_key_value_heads=8),
-}
-SHAPE = dict(hidden_size=256, num_hidden_layers=4, vocab_size=4096, max_position_embeddings=1024)
+# Served beside the baseline unless --kinds says otherwise; DIFF V2 first (issue 47's vLLM target is its ratio).
+KINDS = "diff_v2,motif,diff,gda(gda_ratio=3),gated"
+BASELINE = "softmax"
+MAX_POSITIONS = 1024
 PROMPT_TOKENS = 64
 
 
@@ -117,10 +118,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--kinds",
-        nargs="+",
-        choices=list(KINDS),
-        default=list(KINDS),
-        help="the kinds served (softmax is always)",
+        default=KINDS,
+        help="the kinds served beside the softmax baseline, comma-separated, spelled as compare and plan take them "
+        "(default: %(default)s)",
     )
     parser.add_argument("--vllm-python", default=".venv-vllm/bin/python")
     parser.add_argument("--output", type=Path, default=None)
@@ -135,15 +135,32 @@ def main() -> int:
     import torch
     import transformers
 
-    from difftransformer import DiffTransformerConfig, DiffTransformerForCausalLM
+    from difftransformer import DiffTransformerForCausalLM
+    from difftransformer.bench.machine import cpu_model
+    from difftransformer.bench.settings import parse_kinds
+    from difftransformer.bench.workloads import BASELINE as BENCH_BASELINE
+    from difftransformer.bench.workloads import DIFF, BenchShape, bench_configs
+    from difftransformer.errors import UsageError
+    from difftransformer.models import decode_flops
 
-    kinds = {kind: KINDS[kind] for kind in KINDS if kind in args.kinds or kind == "softmax"}
+    try:
+        kinds = [spec for spec in parse_kinds(args.kinds) if spec != BASELINE]
+        # bench's configurations: DIFF V1, the baseline and the other kinds, each matched to that baseline
+        built = bench_configs(BenchShape(), MAX_POSITIONS, [spec for spec in kinds if spec != DIFF])
+    except UsageError as err:
+        parser.error(str(err).replace("`kinds`", "--kinds"))
+    configs = {spec: built[spec] for spec in kinds}
+    configs[BASELINE] = built[BENCH_BASELINE]
+    # one request's work, prefill and decode: a token at position t attends to t + 1 keys, as a decode step does
+    positions = range(PROMPT_TOKENS + args.new_tokens - 1)
+    flops = {kind: sum(decode_flops(config, t).total for t in positions) for kind, config in configs.items()}
     with tempfile.TemporaryDirectory() as work:
         folders = {}
-        for kind, fields in kinds.items():
+        for kind, config in configs.items():
             torch.manual_seed(0)
-            model = DiffTransformerForCausalLM(DiffTransformerConfig(**SHAPE, **fields))
-            folders[kind] = str(Path(work) / kind)
+            model = DiffTransformerForCausalLM(config)
+            # a folder named after the kind's text: diff_v2(gda_ratio=4) -> diff_v2-gda_ratio-4-
+            folders[kind] = str(Path(work) / re.sub(r"[^A-Za-z0-9_.-]+", "-", kind))
             model.save_pretrained(folders[kind])
         hf = transformers_side(folders, args.batches, args.new_tokens, args.repeats)
         job = Path(work) / "vllm.json"
@@ -160,12 +177,14 @@ def main() -> int:
         subprocess.run(command, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
         served = json.loads(job.read_text())
     rows = []
+    width = max(22, *(len(kind) + 8 for kind in configs))
     print(
-        f"{'setting':<22}{'vLLM tok/s':>12}{'generate tok/s':>16}{'vLLM/generate':>15}{'kind/baseline (vLLM)':>22}"
+        f"{'setting':<{width}}{'vLLM tok/s':>12}{'generate tok/s':>16}{'vLLM/generate':>15}"
+        f"{'time/base (vLLM)':>18}{'time/base (generate)':>22}{'FLOPs/base':>12}"
     )
     for batch in args.batches:
-        for kind in kinds:
-            key, base = f"{kind}/{batch}", f"softmax/{batch}"
+        for kind in configs:
+            key, base = f"{kind}/{batch}", f"{BASELINE}/{batch}"
             row = dict(
                 kind=kind,
                 batch=batch,
@@ -175,21 +194,25 @@ def main() -> int:
                 # time per token of the kind over the baseline's: above 1 is slower
                 time_over_baseline_vllm=served[base] / served[key],
                 time_over_baseline_generate=hf[base] / hf[key],
+                flops_over_baseline=flops[kind] / flops[BASELINE],
             )
             rows.append(row)
             print(
-                f"{kind + ' B=' + str(batch):<22}{row['vllm_tokens_per_s']:>12.0f}{row['generate_tokens_per_s']:>16.0f}"
-                f"{row['vllm_over_generate']:>15.2f}{row['time_over_baseline_vllm']:>15.3f}"
+                f"{kind + ' B=' + str(batch):<{width}}{row['vllm_tokens_per_s']:>12.0f}"
+                f"{row['generate_tokens_per_s']:>16.0f}{row['vllm_over_generate']:>15.2f}"
+                f"{row['time_over_baseline_vllm']:>18.3f}{row['time_over_baseline_generate']:>22.3f}"
+                f"{row['flops_over_baseline']:>12.3f}"
             )
     if args.output is not None:
         record = dict(
             command=" ".join(sys.argv),
-            machine=platform.processor() or platform.machine(),
+            date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            machine=cpu_model(),
             cpus=os.cpu_count(),
             torch=torch.__version__,
             transformers=transformers.__version__,
-            shape=SHAPE,
-            kinds=kinds,
+            shape=vars(BenchShape()),
+            kinds={kind: config.to_diff_dict() for kind, config in configs.items()},
             prompt_tokens=PROMPT_TOKENS,
             new_tokens=args.new_tokens,
             rows=rows,
