@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 8b5c44142b8cd493; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 83333dc14f04647c; change the package, not this file.
 """The Differential Transformer (DIFF V1, DIFF V2), the kinds compared with it (GDA, gated attention) and the
 matched softmax Transformer as transformers models: every operator, layer and model class they run,
 generated from the package's sources named below."""
@@ -1906,8 +1906,9 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
         """
         Args:
             input_ids: (B, T) token ids in [0, vocab_size).
-            attention_mask: (B, S) with 1 for tokens and 0 for padding (S = cached + new tokens), or a
-                (B, 1, T, S) bool / additive mask.
+            attention_mask: (B, S) with 1 for tokens and 0 for padding (S = cached + new tokens), a
+                (B, 1, T, S) bool / additive mask, or the masks by layer type ("full_attention",
+                "sliding_attention") as transformers' generation builds them.
             position_ids: (B, T); by default counted from the first non-padding token. Without an
                 attention_mask and a cache, positions that restart mark packed documents (as transformers
                 detects them): each token then attends only within its document.
@@ -1942,11 +1943,14 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
         # The mask before a new cache: an empty cache changes no size, and without one the positions a caller gives
         # are read for packed documents (restarting positions; ours never restart, so they are not read).
         paged = kwargs.get("cache") is not None  # continuous batching's paged cache, read by the attention
-        masks = self.attention_mask(
-            inputs_embeds, attention_mask, past_key_values, position_ids, output_attentions, paged
-        )
+        if isinstance(attention_mask, dict):  # the masks by layer type, as transformers' generate builds them
+            masks = attention_mask
+        else:
+            masks = self.attention_mask(
+                inputs_embeds, attention_mask, past_key_values, position_ids, output_attentions, paged
+            )
         if position_ids is None:
-            if attention_mask is not None and attention_mask.dim() == 2:
+            if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
                 position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -q_len:]
             else:
                 past_len = past_key_values.get_seq_length() if past_key_values is not None else 0

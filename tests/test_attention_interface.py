@@ -14,15 +14,16 @@ from transformers import AttentionInterface, DynamicCache, GenerationConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from helpers import completion_from_server, free_port, random_model
+from helpers import completion_from_server, free_port, random_model, tiny_config
+from kind_table import COMPOSITION_FIELDS, KIND_FIELDS
 
+# every kind, and the compositions that window layers (windows through each implementation's masks and caches)
 KINDS = {
-    "softmax": dict(attention="softmax", num_attention_heads=4, num_key_value_heads=2),
-    "diff_v2": dict(attention="diff_v2", num_attention_heads=4, num_key_value_heads=2),
-    "diff": dict(attention="diff", num_attention_heads=2, num_key_value_heads=1),
-    "gda": dict(attention="gda", num_attention_heads=4, gda_ratio=2, num_key_value_heads=2, map_dim=6),
-    "gated": dict(attention="gated", num_attention_heads=4, num_key_value_heads=2),
+    **KIND_FIELDS,
+    **{name: fields for name, fields in COMPOSITION_FIELDS.items() if "sliding_window" in fields},
 }
+WHOLE = [name for name, fields in KINDS.items() if tiny_config(**fields).map_layout == "whole"]
+SPLIT = [name for name in KINDS if name not in WHOLE]
 # What transformers 5.23 registers and runs on a CPU: the flash-attention ones need CUDA and a flash package, and
 # "paged|eager" takes continuous batching's paged cache (test_continuous_batching_equals_greedy_generation).
 CPU_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention")
@@ -67,10 +68,11 @@ def test_every_cpu_implementation_gives_the_same_logits_and_generation(kind, imp
     assert torch.equal(tokens, expected_tokens)
 
 
-@pytest.mark.parametrize("kind", ["softmax", "diff_v2", "gated"])
+@pytest.mark.parametrize("kind", WHOLE)
 def test_a_kernel_registered_with_the_attention_interface_runs_every_layer(kind):
-    """A user's attention function registered with transformers (here sdpa behind a counter) is what the baseline,
-    DIFF V2 and gated attention call, once per layer and forward, as in Llama."""
+    """A user's attention function registered with transformers (here sdpa behind a counter) is what every
+    whole-layout point (the baseline, gated attention, DIFF V2, Motif) calls, once per layer and forward, as in
+    Llama."""
     calls = []
 
     def counted(module, *args, **kwargs):
@@ -88,8 +90,8 @@ def test_a_kernel_registered_with_the_attention_interface_runs_every_layer(kind)
     torch.testing.assert_close(logits, expected, atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["diff", "gda"])
-def test_diff_v1_and_gda_refuse_a_registered_kernel_saying_why(kind):
+@pytest.mark.parametrize("kind", SPLIT)
+def test_the_split_layout_refuses_a_registered_kernel_saying_why(kind):
     AttentionInterface.register("counted_sdpa", sdpa_attention_forward)
     model = random_model(seed=2, dtype=torch.float32, **KINDS[kind])
     with pytest.raises(ValueError, match="subtracts two before multiplying the value"):

@@ -7,12 +7,9 @@ import torch
 from transformers import StaticCache
 
 from helpers import random_model
+from kind_table import KIND_FIELDS
 
-KINDS = [
-    dict(attention="diff", num_key_value_heads=1),
-    dict(attention="diff_v2", num_attention_heads=4, num_key_value_heads=2),
-    dict(attention="softmax", num_attention_heads=4, num_key_value_heads=2),
-]
+KINDS = list(KIND_FIELDS.values())
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from difftransformer import DiffTransformerConfig, DiffTransformerForCausalLM
 from difftransformer.eval import attention
 from difftransformer.eval.maps import attention_maps, heatmap_panels
 from helpers import random_model
+from kind_table import ALL_FIELDS
 from test_eval import char_tokenizer, generated_text  # noqa: F401  (a fixture: one token per character)
 
 IDS = torch.randint(0, 97, (1, 11), generator=torch.Generator().manual_seed(3))
@@ -143,3 +144,18 @@ def test_eval_attention_draws_the_panels_of_its_first_prompt(char_tokenizer, tmp
         model, char_tokenizer, generated_text(30), options, output_dir=quiet, progress=False
     )
     assert (quiet / "attention.png").is_file() and not (quiet / "attention_maps.png").exists()
+
+
+@pytest.mark.parametrize("name", list(ALL_FIELDS))
+def test_every_kind_and_composition_draws_its_own_maps(name):
+    """For any point of the space: three panels a layer with noise maps (each signal map, its noise map and the
+    layer's own combined map, the one output_attentions returns), one without; the maps are causal probabilities
+    (windowed ones too: rows still sum to 1 over the keys a query sees)."""
+    model = random_model(dtype=torch.float32, **ALL_FIELDS[name])
+    layers = heatmap_panels(model, IDS, head=0)
+    combined = attention_maps(model, IDS)
+    for panels, layer_map in zip(layers, combined):
+        assert len(panels) == (3 if model.config.parts.differential else 1)
+        for _, panel in panels[:-1] if len(panels) == 3 else panels:
+            causal_probabilities(panel)
+        np.testing.assert_allclose(panels[-1][1], layer_map[0, 0].numpy(), atol=1e-6)

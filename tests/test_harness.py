@@ -20,12 +20,9 @@ from difftransformer.cli import main as cli_main  # noqa: E402
 from difftransformer.data.tokenizer import train_tokenizer  # noqa: E402
 from difftransformer.eval.harness import harness_results, lm_eval_argv, run_harness, task_metrics  # noqa: E402
 from helpers import random_model  # noqa: E402
+from kind_table import KIND_FIELDS  # noqa: E402
 
-KINDS = {
-    "diff": dict(attention="diff", num_attention_heads=2, num_key_value_heads=1),
-    "diff_v2": dict(attention="diff_v2", num_attention_heads=4, num_key_value_heads=2),
-    "softmax": dict(attention="softmax", num_attention_heads=4, num_key_value_heads=2),
-}
+KINDS = KIND_FIELDS  # every kind the package declares (tests/kind_table.py)
 TASKS = ["dt_choice", "dt_rolling", "dt_generate"]
 BLOCK = 32  # the tiny models' max_position_embeddings: rolling documents span several windows
 TEXT = (

@@ -28,13 +28,9 @@ from transformers.models.auto.modeling_auto import (  # noqa: E402
 )
 from transformers_tests.test_modeling_common import ModelTesterMixin, ids_tensor  # noqa: E402
 
-KINDS = {
-    "diff": dict(attention="diff", num_attention_heads=2, num_key_value_heads=1),
-    "diff_v2": dict(attention="diff_v2", num_attention_heads=4, num_key_value_heads=2),
-    "softmax": dict(attention="softmax", num_attention_heads=4, num_key_value_heads=2),
-    "gda": dict(attention="gda", num_attention_heads=4, gda_ratio=2, num_key_value_heads=2, map_dim=4),
-    "gated": dict(attention="gated", num_attention_heads=4, num_key_value_heads=2),
-}
+from kind_table import KIND_FIELDS  # noqa: E402
+
+KINDS = KIND_FIELDS  # every kind the package declares (tests/kind_table.py)
 
 
 class DiffTransformerModelTester:

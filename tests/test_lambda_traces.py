@@ -15,7 +15,7 @@ from difftransformer.compare.records import RunRecord
 from difftransformer.compare.report import lambda_section
 from difftransformer.compare.variants import parse_variants
 from difftransformer.errors import UsageError
-from difftransformer.models import DiffTransformerForCausalLM
+from difftransformer.models import KINDS, DiffTransformerForCausalLM
 from difftransformer.train.callbacks import CSV_FIELDS, column, read_metrics
 from difftransformer.train.presets import RECIPE, get_preset
 from difftransformer.train.runner import METRICS_CSV, train_model
@@ -58,13 +58,18 @@ class RecordLambda(TrainerCallback):
 
 
 def test_columns_per_attention_kind(data):
+    """One column a layer with the scalar lambda, a mean and a standard deviation with the per-token one, none
+    without noise maps: for every kind, as its parts declare."""
     tokenizer = data[0]
-    columns = {kind: trace_columns(DiffTransformerForCausalLM(micro(tokenizer, kind))) for kind in
-               ("diff", "diff_v2", "softmax")}  # fmt: skip
-    assert columns["diff"] == ("lambda_layer_0", "lambda_layer_1")
-    assert columns["diff_v2"] == ("lambda_mean_layer_0", "lambda_std_layer_0", "lambda_mean_layer_1",
-                                  "lambda_std_layer_1")  # fmt: skip
-    assert columns["softmax"] == ()
+    columns = {kind: trace_columns(DiffTransformerForCausalLM(micro(tokenizer, kind))) for kind in KINDS}
+    for kind, found in columns.items():
+        layers = range(micro(tokenizer, kind).num_hidden_layers)
+        expected = {
+            "scalar": tuple(f"lambda_layer_{i}" for i in layers),
+            "token": tuple(f"lambda_{s}_layer_{i}" for i in layers for s in ("mean", "std")),
+            None: (),
+        }[KINDS[kind].parts.lambda_mode]
+        assert found == expected, kind
     assert all(is_trace_column(name) for name in columns["diff"] + columns["diff_v2"])
     assert not any(
         is_trace_column(name) for name in ("lambda", "lambda_layer_", "loss", "lambda_max_layer_0")

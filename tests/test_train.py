@@ -203,8 +203,12 @@ def test_the_retrieval_preset_builds_gda_at_the_compared_ratios(fields, shape):
     model = DiffTransformerForCausalLM(config)
     ids = torch.randint(0, config.vocab_size, (2, 12))
     model(ids, labels=ids).loss.backward()
-    with pytest.raises(ValueError, match="gda_ratio is for attention='gda' only"):
-        PRESETS["retrieval"].model_config("diff", gda_ratio=3)
+    # DIFF V1 at G = 3 is GDA's shape (a composition of parts); the baseline has no noise maps to group
+    assert PRESETS["retrieval"].model_config("diff", gda_ratio=3).parts == config.parts.__class__(
+        "split", 3, "scalar", "affine"
+    )
+    with pytest.raises(ValueError, match="gda_ratio=2 gives this kind noise maps, which need a lambda_mode"):
+        PRESETS["retrieval"].model_config("softmax", gda_ratio=2)
 
 
 def test_bad_blocks_are_refused(tmp_path, data):
