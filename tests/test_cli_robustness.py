@@ -684,11 +684,11 @@ OUT_OF_RANGE = [("vocab_size", 0), ("vocab_size", -1), ("vocab_size", "x"), ("hi
 OUT_OF_STEP = {
     "diff": [("vocab_size", 400), ("hidden_size", 64), ("intermediate_size", 64), ("num_hidden_layers", 2),
              ("num_hidden_layers", 4), ("num_attention_heads", 1), ("num_attention_heads", 4),
-             ("num_key_value_heads", 1), ("map_dim", 16), ("attention", "softmax"), ("attention", "diff_v2"),
-             ("subln", "plain"), ("subln", "none"), ("tie_word_embeddings", True)],
+             ("num_key_value_heads", 1), ("map_dim", 16), ("attention", "softmax"), ("map_layout", "whole"),
+             ("lambda_mode", "token"), ("subln", "plain"), ("subln", "none"), ("tie_word_embeddings", True)],
     "softmax": [("vocab_size", 400), ("hidden_size", 64), ("intermediate_size", 64), ("num_hidden_layers", 2),
                 ("num_hidden_layers", 4), ("num_key_value_heads", 2), ("attention", "diff"),
-                ("attention", "diff_v2"), ("tie_word_embeddings", True)],
+                ("output_gate", "elementwise"), ("tie_word_embeddings", True)],
 }  # fmt: skip
 # Every command that opens a model folder, by the kind it takes: its command line (FOLDER stands for the folder)
 # and the stop the test lifts so that the folder is really opened.

@@ -23,7 +23,6 @@ from difftransformer.convert.upcycle import initial_model
 from difftransformer.data import DataOptions
 from difftransformer.errors import UsageError
 from difftransformer.flags import add_flags, flag, given
-from difftransformer.models import ATTENTION_KINDS
 from difftransformer.storage import check_input_dir
 from difftransformer.train.callbacks import CtrlCAtStepEnd
 from difftransformer.train.checkpoints import last_good_checkpoint
@@ -106,7 +105,8 @@ def resolved_preset(args: argparse.Namespace) -> Preset:
             f"with it, or a block size up to {context}"
         )
     preset.recall.check_schedule(preset.block_size)  # the recall mix checks its shares as it is made
-    for attention in ATTENTION_KINDS:  # the model options are checked now, before any work
+    # The preset's own two shapes, checked now, before any work; each command checks the kinds it builds.
+    for attention in ("diff", "softmax"):
         try:
             preset.model_config(attention)
         except UsageError:
@@ -170,11 +170,8 @@ def run(args: argparse.Namespace) -> int:
     run_options = RunOptions(**given(vars(args), RunOptions))
     preset = resolved_preset(args)
     fields = run_options.model_fields()
-    if fields:  # the kind's own fields against the preset's shape, before any work
-        try:
-            preset.model_config(run_options.attention, **fields)
-        except ValueError as err:
-            raise UsageError(f"preset {preset.name} with {run_options.attention} {fields}: {err}") from err
+    if fields or not run_options.init_from:  # the kind and its fields against the preset's shape, before any work
+        preset.model_config(run_options.attention or "diff", **fields)
     settings = checked_training_settings(preset, **training_options(args))
     if run_options.init_from:
         check_input_dir(run_options.init_from, "init_from", "a saved model")

@@ -18,6 +18,7 @@ from typing import Any
 from difftransformer.data.needles import NeedleSpec
 from difftransformer.errors import UsageError
 from difftransformer.models import ATTENTION_KINDS, PART_FIELDS, DiffTransformerConfig, matched_config
+from difftransformer.models.compositions import composition_label
 from difftransformer.train.mixture import RecallMix
 from difftransformer.train.settings import TrainingSettings
 
@@ -140,7 +141,13 @@ class Preset:
         diff = DiffTransformerConfig(**kwargs)
         if attention == "diff" and not parts:
             return diff
-        return matched_config(diff.matched_baseline(), attention, **parts)
+        try:
+            return matched_config(diff.matched_baseline(), attention, **parts)
+        except UsageError:
+            raise
+        except ValueError as err:  # the kind's matching rule cannot meet this preset's shape
+            label = composition_label(attention, parts)
+            raise UsageError(f"preset {self.name} cannot build {label} (`attention`): {err}") from None
 
     def model_for(self, attention: str, tokenizer: Any, **fields: Any) -> DiffTransformerConfig:
         """:meth:`model_config` for text from ``tokenizer``: its vocabulary size and special-token ids."""
