@@ -164,12 +164,14 @@ def test_ctrl_c_ends_train_with_a_one_line_note(train_argv):
         env=env,
         preexec_fn=as_from_a_shell,
     )
-    deadline = time.monotonic() + 120
+    # Deadlines only against a hang: the run builds its C++ kernels in its fresh cache first (a minute alone, several
+    # on a busy machine), and Ctrl-C is taken at the end of the step it lands in.
+    deadline = time.monotonic() + 900
     while not (run / "checkpoint-2" / COMPLETE_MARKER).is_file() and process.poll() is None:
-        assert time.monotonic() < deadline, "no checkpoint within 120 s"
+        assert time.monotonic() < deadline, "no checkpoint within 900 s"
         time.sleep(0.2)
     process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=60)
+    _, err = process.communicate(timeout=300)
     assert process.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err and "Exception ignored" not in err, err
     note = "difftransformer train: interrupted; `--resume` continues from checkpoint-"
@@ -220,7 +222,10 @@ def test_train_fingerprints_each_save_and_the_commands_refuse_an_edited_or_poiso
     save_file(tensors, nan / "model.safetensors", metadata={"format": "pt"})
     for folder, says in [
         (edited, "config.json's model-defining fields changed since the model was saved"),
-        (nan, "1 tensor of the weights hold NaN or infinite values (model.layers.0.self_attn.q_proj.weight)"),
+        (
+            nan,
+            "1 tensor of the weights holds NaN or infinite values (model.layers.0.self_attn.q_proj.weight)",
+        ),
     ]:
         commands = [
             ["generate", str(folder), "--prompt", "the", "--max-new-tokens", "2"],
@@ -244,7 +249,7 @@ def test_resume_from_a_checkpoint_whose_weights_are_not_finite_is_refused_before
     metrics = (run / "metrics.csv").read_text()
     err = refused([*argv, "--preset", "micro", "--max-steps", "3", "--save-steps", "1", "--resume"], capsys)
     assert f"--resume '{run / 'checkpoint-1'}': cannot load the model:" in err
-    assert "1 tensor of the weights hold NaN or infinite values (lm_head.weight)" in err
+    assert "1 tensor of the weights holds NaN or infinite values (lm_head.weight)" in err
     assert (
         "the weights (*.safetensors) changed since the model was saved" in err
     )  # its fingerprint says so too

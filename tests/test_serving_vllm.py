@@ -6,23 +6,27 @@ two are compared: greedy tokens equal, every step's top-k log-probabilities equa
 kind, MHA and GQA, both rotary pairings, the RoPE scaling types vLLM computes as transformers does, tied and untied
 embeddings, every per-head norm mode, a numeric lambda_init, upcycled and DiffLlama-converted folders; prompts of
 different lengths in one batch (continuous batching), prefix caching, bfloat16's first tokens, the real server on
-127.0.0.1, and the refusals.
+127.0.0.1, and the refusals: what vLLM cannot serve, and every folder the package's strict load refuses.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import DiffLlamaConfig, DiffLlamaForCausalLM
 
-from difftransformer import DiffTransformerForCausalLM, cli
+from difftransformer import DiffTransformerConfig, DiffTransformerForCausalLM, cli
 from difftransformer.convert import from_diffllama, upcycle
 from difftransformer.data.tokenizer import train_tokenizer
+from difftransformer.models import matched_config
+from difftransformer.train.provenance import record_fingerprint
 from helpers import completion_from_server, free_port, random_model, randomize
 
 pytestmark = pytest.mark.serving
@@ -109,6 +113,20 @@ FOLDERS = {
         ),
     ),  # fmt: skip
 }
+# Compositions of parts (docs/architecture.md), each matched to the 4-head baseline by its parts' rule: Motif and
+# a sample that moves each part; windows shorter than the prompts and generations, so decoding runs past their edge
+# through vLLM's per-layer sliding windows.
+COMPOSITIONS = {
+    "motif": ("motif", {}),
+    "motif-w8": ("motif", dict(sliding_window=8)),
+    "v2-gate": ("diff_v2", dict(output_gate="elementwise")),
+    "v2-grouped": ("diff_v2", dict(gda_ratio=2)),
+    "v2-scalar-norm": ("diff_v2", dict(lambda_mode="scalar", subln="affine")),
+    "v1-token-gate-w6": (
+        "diff", dict(lambda_mode="token", output_gate="elementwise", sliding_window=6, sliding_window_period=2)
+    ),
+    "softmax-w5": ("softmax", dict(sliding_window=5)),
+}  # fmt: skip
 PROMPTS = [
     [5, 17, 42, 99, 123, 7, 64],
     [201, 3, 88],
@@ -191,6 +209,10 @@ def served(tmp_path_factory) -> tuple[dict, list[dict]]:
     )  # fmt: skip
     randomize(diffllama, seed=42)
     built["from-diffllama"] = build(root / "from-diffllama", from_diffllama(diffllama))
+    baseline = DiffTransformerConfig(**BASE, **SOFTMAX, num_key_value_heads=4)
+    for seed, (name, (kind, parts)) in enumerate(COMPOSITIONS.items(), start=50):
+        model = randomize(DiffTransformerForCausalLM(matched_config(baseline, kind, **parts)), seed=seed)
+        built[name] = build(root / name, model.eval())
     jobs = [
         {"folder": b["folder"], "prompts": PROMPTS, "max_tokens": NEW_TOKENS, "logprobs": TOP_K}
         for b in built.values()
@@ -208,6 +230,7 @@ def test_tiny_preset_runs_of_each_kind_serve_the_packages_tokens(tmp_path):
         ("diff", []),
         ("gda", ["--gda-ratio", "3"]),
         ("gated", []),
+        ("motif", []),
     ):
         run = tmp_path / kind
         argv = ["train", "--preset", "tiny", "--attention", kind, *flags, "--max-steps", "2", "--report-to", "none",
@@ -225,7 +248,7 @@ def test_tiny_preset_runs_of_each_kind_serve_the_packages_tokens(tmp_path):
 
 @pytest.mark.parametrize(
     "name",
-    [*FOLDERS, "upcycled-diff_v2", "upcycled-diff", "upcycled-gated", "upcycled-gda", "from-diffllama"],
+    [*FOLDERS, "upcycled-diff_v2", "upcycled-diff", "upcycled-gated", "upcycled-gda", "from-diffllama", *COMPOSITIONS],
 )
 def test_vllm_generates_the_packages_tokens_and_logprobs(served, name):
     built, results = served
@@ -324,6 +347,71 @@ def test_the_plugins_serve_command_refuses_an_unservable_folder_in_one_line(tmp_
     assert last.startswith("difftransformer-vllm: error: tensor_parallel_size=2 must divide") and (
         "Traceback" not in done.stderr
     ), done.stderr[-3000:]
+
+
+def folders_the_package_refuses(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """A GDA folder of the sweep's reproductions (sweep-2026-12-07.md #3, #14 and #2) made four ways wrong, each with
+    what the package's refusal says: a tensor dropped, one layer more in config.json, a NaN in a weight, and a
+    shape-keeping edit of config.json in a folder whose save was fingerprinted."""
+    fields = dict(BASE, **FOLDERS["gda-r3-interleaved-affine"])
+    source = tmp_path / "intact"
+    random_model(seed=9, dtype=torch.float32, **fields).save_pretrained(source)
+    record_fingerprint(source)
+    cases = {
+        "a tensor missing": "the weights lack 1 tensor the config asks for (model.layers.1.self_attn.o_proj.weight)",
+        "one layer more": "the weights lack 14 tensors the config asks for (model.layers.3.*)",
+        "a NaN": "1 tensor of the weights holds NaN or infinite values (model.layers.0.self_attn.q_proj.weight)",
+        "config edited": "config.json's model-defining fields changed since the model was saved",
+    }
+    folders = {}
+    for case, says in cases.items():
+        folder = tmp_path / case.replace(" ", "-")
+        shutil.copytree(source, folder)
+        weights, config = folder / "model.safetensors", json.loads((folder / "config.json").read_text())
+        if case in ("a tensor missing", "a NaN"):
+            (
+                folder / "provenance.json"
+            ).unlink()  # the tensors alone tell, as in a folder saved without train
+            tensors = load_file(weights)
+            if case == "a NaN":
+                tensors["model.layers.0.self_attn.q_proj.weight"][0, 0] = float("nan")
+            else:
+                tensors.pop("model.layers.1.self_attn.o_proj.weight")
+            save_file(tensors, weights, metadata={"format": "pt"})
+        elif case == "one layer more":
+            (folder / "provenance.json").unlink()
+            config["num_hidden_layers"] += 1
+        else:
+            config["rope_style"] = "half"
+        (folder / "config.json").write_text(json.dumps(config))
+        folders[case] = folder, says
+    return folders
+
+
+def test_folders_the_package_refuses_are_refused_before_vllm_reads_a_weight(tmp_path):
+    # the package's strict check (its own from_pretrained, from the model code the plugin carries), in vLLM's
+    # configuration hook: LLM(...) raises the package's line, no engine starts
+    folders = folders_the_package_refuses(tmp_path)
+    jobs = [{"folder": str(folder), "prompts": PROMPTS, "max_tokens": 2} for folder, _ in folders.values()]
+    for (case, (folder, says)), result in zip(folders.items(), run_vllm(tmp_path, jobs)):
+        assert "error" in result, case
+        assert f"{folder}: " in result["error"] and says in result["error"], (case, result["error"][-800:])
+
+
+def test_the_serve_command_refuses_a_folder_that_lacks_a_tensor_in_one_line(tmp_path):
+    # sweep #3: this folder was served, answering with wrong text; #14: one layer more ended in vLLM's traceback
+    folders = folders_the_package_refuses(tmp_path)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    for case in ("a tensor missing", "one layer more"):
+        folder, says = folders[case]
+        command = [str(SERVE), "serve", str(folder), "--dtype", "float32", "--gpu-memory-utilization", "0.1"]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 2, done.stderr[-3000:]
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith(
+            f"difftransformer-vllm: error: {folder}: config.json and the weights disagree: "
+        )
+        assert says in last and "Traceback" not in done.stderr, done.stderr[-3000:]
 
 
 @pytest.mark.parametrize("fields", [FOLDERS["v2-gqa-half-tied-yarn"], FOLDERS["v1-gqa-half-plain-linear"]])

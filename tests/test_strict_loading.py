@@ -41,7 +41,7 @@ EDITS = {
     "another vocabulary": ({"vocab_size": 400}, r"of another shape \(lm_head\.weight: \(97, 32\) saved, \(400, 32\) from the config"),
     "tied on paper only": ({"tie_word_embeddings": True}, "the config ties lm_head.weight to model.embed_tokens.weight"),
     "no per-head gain": ({"subln": "plain"}, r"no place for \(model\.layers\.\{0, 1\}\.self_attn\.subln\.weight\)"),
-    "another kind": ({"attention": "diff_v2"}, r"lack 2 tensors .*lambda_proj\.weight"),
+    "a per-token lambda": ({"lambda_mode": "token"}, r"lack 2 tensors .*lambda_proj\.weight"),
 }  # fmt: skip
 
 
@@ -207,9 +207,9 @@ def poisoned(source: Path, folder: Path, how: str) -> Path:
 
 @pytest.mark.parametrize(
     ("how", "says"),
-    [("nan", r"1 tensor of the weights hold NaN or infinite values \(model\.layers\.1\.self_attn\.q_proj\.weight\)"),
-     ("inf", r"1 tensor of the weights hold NaN or infinite values \(lm_head\.weight\)"),
-     ("bytes", r"tensors? of the weights hold NaN or infinite values \(")],
+    [("nan", r"1 tensor of the weights holds NaN or infinite values \(model\.layers\.1\.self_attn\.q_proj\.weight\)"),
+     ("inf", r"1 tensor of the weights holds NaN or infinite values \(lm_head\.weight\)"),
+     ("bytes", r"tensors? of the weights holds? NaN or infinite values \(")],
 )  # fmt: skip
 def test_weights_that_are_not_finite_are_refused_in_one_line_naming_them(saved, tmp_path, how, says):
     folder = poisoned(saved, tmp_path / how, how)
@@ -286,3 +286,14 @@ def test_a_fingerprinted_folder_loads_whatever_its_files_bookkeeping(fingerprint
     ):
         DiffTransformerForCausalLM.from_pretrained(folder)
     assert folder_problems(folder) and "weights" in folder_problems(folder)[0]
+
+
+def test_the_vllm_plugin_carries_the_packages_model_code_unchanged():
+    # the plugin's strict check of a folder before vLLM reads it is the package's from_pretrained, from this copy
+    # (make hub writes it beside the configuration copy)
+    plugin = PACKAGE_ROOT.parent / "serving" / "vllm" / "src" / "difftransformer_vllm"
+    hub = PACKAGE_ROOT.parent / "hub"
+    for name in ("configuration_difftransformer.py", "modeling_difftransformer.py"):
+        assert (plugin / name).read_text() == (hub / name).read_text(), (
+            f"{plugin / name} lags behind hub/: make hub copies both files there"
+        )

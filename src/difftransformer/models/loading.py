@@ -173,7 +173,8 @@ def nonfinite_problem(names: list[str]) -> str | None:
     """The refusal's words for :func:`nonfinite_tensors`' ``names``; None when there are none."""
     if not names:
         return None
-    return f"{_tensors(len(names))} of the weights hold NaN or infinite values ({_named_keys(set(names))})"
+    verb = "holds" if len(names) == 1 else "hold"
+    return f"{_tensors(len(names))} of the weights {verb} NaN or infinite values ({_named_keys(set(names))})"
 
 
 def _weight_files(folder: Path) -> list[Path]:

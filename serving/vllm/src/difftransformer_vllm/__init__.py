@@ -6,10 +6,14 @@ vLLM calls :func:`register` in each of its processes (the ``vllm.general_plugins
 class becomes known to transformers' ``AutoConfig`` (so no ``--trust-remote-code`` is needed) and their architecture
 to vLLM's model registry, as a lazy reference that imports the model only when one is built. The model's checks of
 what vLLM can serve also run when vLLM checks its configuration, in the process that starts the engine, so an
-unservable folder is refused there in one :class:`UnservableModel` line instead of from inside every worker.
+unservable folder is refused there in one :class:`UnservableModel` line instead of from inside every worker. So does
+the package's strict load of the folder (:func:`check_folder`), before vLLM reads a weight.
 """
 
 from __future__ import annotations
+
+import gc
+import os
 
 ARCHITECTURE = "DiffTransformerForCausalLM"
 
@@ -34,12 +38,34 @@ class ServableCheck:
                 model.max_model_len,
                 platform_head_sizes(),
             )
+            check_folder(model.model)
         except ValueError as refusal:
             raise UnservableModel(str(refusal)) from None
 
     @staticmethod
     def verify_and_update_model_config(model_config) -> None:
         """The model configuration alone (vLLM's other hook): nothing to check without the parallel setup."""
+
+
+def check_folder(folder: str) -> None:
+    """The package's strict load of the model folder ``folder``, refusing it as the package does, in one
+    ValueError line naming it: tensors missing, unexpected or of another shape, weights that are not finite, a
+    folder that no longer matches the fingerprint its provenance.json records (an edit of config.json that keeps
+    the shapes). It is the package's own ``from_pretrained``, from the copy of the model's code this plugin carries
+    (``modeling_difftransformer.py``, written with the configuration by ``make hub``), so the rule cannot drift from
+    the package's; it reads the weights once on the CPU, which vLLM then loads itself. A model vLLM fetches from the
+    Hub by name (no local folder) is left to vLLM."""
+    if not os.path.isdir(folder):
+        return
+    from difftransformer_vllm.modeling_difftransformer import DiffTransformerForCausalLM
+
+    try:
+        model = DiffTransformerForCausalLM.from_pretrained(folder)
+    except (OSError, ValueError) as refusal:  # FolderMismatchError is a ValueError; OSError: unreadable files
+        first_line = (str(refusal).strip().splitlines() or [type(refusal).__name__])[0]
+        raise ValueError(f"{folder}: {first_line}") from None
+    del model
+    gc.collect()  # the weights read for the check, before vLLM reads them again
 
 
 def register() -> None:

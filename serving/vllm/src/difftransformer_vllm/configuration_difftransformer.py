@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 8b5c44142b8cd493; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 83333dc14f04647c; change the package, not this file.
 """The Differential Transformer's configuration, generated from difftransformer/models/configuration.py and the modules it holds."""
 
 from __future__ import annotations
@@ -113,6 +113,11 @@ class AttentionParts:
                 or self.noise_ratio < 1
             ):
                 return f"gda_ratio (signal heads per noise map) must be a positive integer; got {self.noise_ratio!r}"
+            if self.lambda_mode is None:
+                return (
+                    f"gda_ratio={self.noise_ratio} gives this kind noise maps, which need a lambda_mode "
+                    f"{LAMBDA_MODES}: give it, or start from a kind with noise maps"
+                )
             if self.lambda_mode not in LAMBDA_MODES:
                 return f"lambda_mode must be one of {LAMBDA_MODES}; got {self.lambda_mode!r}"
         if self.window is not None and (

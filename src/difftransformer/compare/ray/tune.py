@@ -173,6 +173,7 @@ class _RunLogs(logging.Handler):
             self.above.handle(record)
             return
         log = self.grid.runs[int(found.group(1))].log
+        log.parent.mkdir(parents=True, exist_ok=True)  # an attempt may fail before its worker made the folder
         with open(log, "a", encoding="utf-8") as handle:
             handle.write(f"\n{self.format(record)}\n")
 
