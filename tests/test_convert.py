@@ -88,7 +88,7 @@ def test_gda_with_one_signal_head_per_noise_map_converts_as_diff_v1_exactly(kv_h
         assert torch.equal(from_gda[name], tensor), name
     ids = torch.randint(0, 97, (2, 10))
     torch.testing.assert_close(to_diffllama(gda)(ids).logits, gda(ids).logits, atol=2e-5, rtol=1e-5)
-    with pytest.raises(ConversionError, match="'gda' with gda_ratio=1 .*got 'gda'"):
+    with pytest.raises(ConversionError, match="gda_ratio must be 1 .*got 2"):
         to_diffllama(random_model(attention="gda", gda_ratio=2, hidden_size=48, num_key_value_heads=1))
 
 
@@ -100,9 +100,31 @@ def test_unconvertible_models_are_refused(tmp_path):
     for fields, named in [
         (dict(subln="none"), "subln"),
         (dict(lambda_init=0.8), "lambda_init"),
-        (dict(attention="softmax", num_attention_heads=4), "attention"),
+        (dict(attention="softmax", num_attention_heads=4), "map_layout must be 'split'"),
         (dict(subln_eps=1e-6), "subln_eps"),
+        # DIFF V1 moved along one part is no longer DiffLlama: each part is named
+        (dict(lambda_mode="token"), "lambda_mode must be 'scalar'"),
+        (dict(output_gate="elementwise"), "output_gate must be 'none'"),
+        (dict(sliding_window=4), "sliding_window must be None"),
+        (
+            dict(
+                attention="diff_v2",
+                num_attention_heads=4,
+                map_layout="split",
+                gda_ratio=1,
+                lambda_mode="scalar",
+                subln="affine",
+            ),
+            None,
+        ),
     ]:
+        if named is None:  # DIFF V1's parts under another kind's name convert
+            model = random_model(**fields).eval()
+            ids = torch.randint(0, 97, (2, 10))
+            torch.testing.assert_close(
+                to_diffllama(model)(ids).logits, model(ids).logits, atol=2e-5, rtol=1e-5
+            )
+            continue
         with pytest.raises(ConversionError, match=named):
             to_diffllama(random_model(**fields))
     with pytest.raises(FileNotFoundError, match="config.json"):

@@ -20,10 +20,10 @@ from difftransformer.compare.rates import best_rates, sweep_point
 from difftransformer.compare.ray.cluster import Cluster, check_shared, connect
 from difftransformer.compare.ray.grid import Grid
 from difftransformer.compare.ray.tune import run_grid
-from difftransformer.compare.records import RESULTS_JSON, read_evaluation
+from difftransformer.compare.records import RESULTS_JSON, read_evaluation, usage_seconds
 from difftransformer.compare.report import build_report
 from difftransformer.compare.settings import ComparisonSettings
-from difftransformer.compare.work import RunWork, usage_seconds
+from difftransformer.compare.work import RunWork
 from difftransformer.data import DataOptions
 from difftransformer.storage import versions, write_json
 from difftransformer.train.pipeline import PreparedData

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,3 +127,15 @@ def learned_recall(folder: Path) -> bool | None:
     without recall rows."""
     steps, accuracies = recall_curve(folder)
     return steps_to_recall(steps, accuracies) is not None if steps else None
+
+
+def usage_seconds(folders: Sequence[Path]) -> dict[str, float]:
+    """The wall and CPU seconds of every attempt at the runs in ``folders`` (their usage.json files); an attempt
+    whose worker was killed left none."""
+    attempts = [
+        attempt
+        for folder in folders
+        if (folder / USAGE_JSON).is_file()
+        for attempt in read_json(folder / USAGE_JSON)["attempts"]
+    ]
+    return {key: sum(attempt[key] for attempt in attempts) for key in ("wall_seconds", "cpu_seconds")}

@@ -213,15 +213,3 @@ def _usage(folder: Path, phase: str, record: bool) -> Iterator[None]:
                 "cpu_seconds": cpu() - cpu_start,
             }
             write_json(path, {"attempts": [*attempts, attempt]})
-
-
-def usage_seconds(folders: Sequence[Path]) -> dict[str, float]:
-    """The wall and CPU seconds of every attempt at the runs in ``folders`` (their usage.json files); an attempt
-    whose worker was killed left none."""
-    attempts = [
-        attempt
-        for folder in folders
-        if (folder / USAGE_JSON).is_file()
-        for attempt in read_json(folder / USAGE_JSON)["attempts"]
-    ]
-    return {key: sum(attempt[key] for attempt in attempts) for key in ("wall_seconds", "cpu_seconds")}

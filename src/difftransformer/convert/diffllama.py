@@ -21,6 +21,7 @@ from transformers.core_model_loading import revert_weight_conversion
 from difftransformer.convert.folders import ConversionError, model_type
 from difftransformer.errors import UsageError
 from difftransformer.layers import interleaved_to_half_permutation
+from difftransformer.layers.parts import SLIDING
 from difftransformer.models import DiffTransformerConfig, DiffTransformerForCausalLM
 from difftransformer.models.folders import load_model_folder, open_folder
 
@@ -159,14 +160,25 @@ def from_diffllama(
 def to_diffllama(model: DiffTransformerForCausalLM) -> DiffLlamaForCausalLM:
     """Build the DiffLlama model computing what our DIFF V1 model computes.
 
-    Needs the depth lambda_init, a per-head norm (its gain, if any, is folded into o_proj), causal attention
-    and ``subln_eps == rms_norm_eps`` (DiffLlama has a single eps). GDA with one signal head per noise map
-    (``gda_ratio=1``) is DIFF V1 exactly, in DIFF V1's layout (docs/architecture.md), and converts as DIFF V1 does.
+    Needs DIFF V1's parts (split maps, one noise map a head, the scalar lambda, no gate, no window), the depth
+    lambda_init, a per-head norm (its gain, if any, is folded into o_proj), causal attention and
+    ``subln_eps == rms_norm_eps`` (DiffLlama has a single eps). Any kind with those parts converts: GDA with
+    ``gda_ratio=1`` is DIFF V1 exactly, in DIFF V1's layout (docs/architecture.md).
     """
     config = model.config
-    diff_v1 = config.attention == "diff" or (config.attention == "gda" and config.gda_ratio == 1)
+    # DiffLlama is DIFF V1's parts exactly, whatever the kind's name (layers/parts.py)
     checks = {
-        "attention": (diff_v1, "'diff', or 'gda' with gda_ratio=1 (DiffLlama is DIFF V1)"),
+        "map_layout": (config.map_layout == "split", "'split' (DiffLlama splits each head into two maps)"),
+        "gda_ratio": (config.gda_ratio == 1, "1 (DiffLlama gives each head its own noise map)"),
+        "lambda_mode": (
+            config.lambda_mode == "scalar",
+            "'scalar' (DiffLlama's lambda is one number a layer)",
+        ),
+        "output_gate": (config.output_gate == "none", "'none' (DiffLlama has no output gate)"),
+        "sliding_window": (
+            SLIDING not in config.layer_types,
+            "None (DiffLlama attends to every earlier key)",
+        ),
         "lambda_init": (config.lambda_init == "depth", "'depth' (DiffLlama has no constant lambda_init)"),
         "subln": (config.subln != "none", "'affine' or 'plain' (DiffLlama always normalises each head)"),
         "causal": (config.causal, "True"),

@@ -170,7 +170,9 @@ def run(args: argparse.Namespace) -> int:
     run_options = RunOptions(**given(vars(args), RunOptions))
     preset = resolved_preset(args)
     fields = run_options.model_fields()
-    if fields or not run_options.init_from:  # the kind and its fields against the preset's shape, before any work
+    if (
+        fields or not run_options.init_from
+    ):  # the kind and its fields against the preset's shape, before any work
         preset.model_config(run_options.attention or "diff", **fields)
     settings = checked_training_settings(preset, **training_options(args))
     if run_options.init_from:

@@ -1,6 +1,6 @@
 """compare's report, assembled: the paper's claims judged first, then the setup, the runs, the learning rates, the
-verdicts, the loss curves, lambda, the gap, recall against length, the evaluation suite, the harness and the
-scaling fits. Each section is a module of this folder and takes the runs grouped by arm (:mod:`.arms`)."""
+verdicts, the loss curves, lambda, the gap, the verdicts at equal compute, each part's effect, recall against
+length, the evaluation suite, the harness and the scaling fits. Each section is a module of this folder and takes the runs grouped by arm (:mod:`.arms`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from difftransformer.compare.rates import at_rates
 from difftransformer.compare.records import RunRecord, SweepPoint, learned_recall
 from difftransformer.compare.report.arms import at_scale, group
 from difftransformer.compare.report.claims_table import claims_section, verdict_sentences
+from difftransformer.compare.report.compute import equal_compute_section, part_effects_section
 from difftransformer.compare.report.curves import loss_section
 from difftransformer.compare.report.document import Report
 from difftransformer.compare.report.gap import gap_section
@@ -94,6 +95,8 @@ def build_report(
     loss_section(report, arms, out)
     traces_section(report, arms, out)
     gap_section(report, *at_scale(arms, largest), out)
+    equal_compute_section(report, *at_scale(arms, largest), preset.block_size, out)
+    part_effects_section(report, arms, preset.block_size)
     groups = [(arm.name, [r.suite for r in arm.runs]) for arm in arms]
     learned = [[learned_recall(r.folder) for r in arm.runs] for arm in arms]
     length_section(report, groups, preset.block_size, out, preset.length_schedule, learned)
