@@ -12,6 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AttentionInterface, DynamicCache, GenerationConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from helpers import completion_from_server, free_port, random_model, tiny_config
@@ -72,7 +73,8 @@ def test_every_cpu_implementation_gives_the_same_logits_and_generation(kind, imp
 def test_a_kernel_registered_with_the_attention_interface_runs_every_layer(kind):
     """A user's attention function registered with transformers (here sdpa behind a counter) is what every
     whole-layout point (the baseline, gated attention, DIFF V2, Motif) calls, once per layer and forward, as in
-    Llama."""
+    Llama. As in transformers' windowed models (Mistral, Gemma), a function registered without a mask function gets
+    no mask, only ``sliding_window=``: sdpa's needs its mask registered beside it."""
     calls = []
 
     def counted(module, *args, **kwargs):
@@ -80,6 +82,7 @@ def test_a_kernel_registered_with_the_attention_interface_runs_every_layer(kind)
         return sdpa_attention_forward(module, *args, **kwargs)
 
     AttentionInterface.register("counted_sdpa", counted)
+    AttentionMaskInterface.register("counted_sdpa", sdpa_mask)
     model = random_model(seed=2, dtype=torch.float32, **KINDS[kind])
     ids = torch.randint(3, 97, (2, 9))
     with torch.no_grad():
