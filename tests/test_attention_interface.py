@@ -101,8 +101,18 @@ def test_the_split_layout_refuses_a_registered_kernel_saying_why(kind):
         model.set_attn_implementation("counted_sdpa")
 
 
-@pytest.mark.parametrize("implementation", ["sdpa", "paged|eager"])
-@pytest.mark.parametrize("kind", list(KINDS))
+# Every kind and implementation; a windowed Motif paged and DIFF V1 with sdpa by default (each case costs about 12 s
+# of set-up), the rest with the slow tests.
+CONTINUOUS_BATCHING = [
+    pytest.param(kind, implementation, id=f"{kind}-{implementation}",
+                 marks=() if (kind, implementation) in {("motif-window-3", "paged|eager"), ("diff", "sdpa")}
+                 else pytest.mark.slow)
+    for kind in KINDS
+    for implementation in ("sdpa", "paged|eager")
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("kind", "implementation"), CONTINUOUS_BATCHING)
 def test_continuous_batching_equals_greedy_generation(kind, implementation):
     """``generate_batch`` (continuous batching on a paged cache, prompts of different lengths packed in one batch)
     gives each prompt the tokens plain greedy ``generate`` gives it alone."""
@@ -163,6 +173,7 @@ def test_no_forward_reads_a_device_tensor_back(kind):
     assert training.reads == [] and decoding.reads == []
 
 
+@pytest.mark.slow
 def test_transformers_serve_answers_with_the_baselines_tokens(tmp_path):
     """``transformers serve`` with continuous batching on 127.0.0.1 answers ``/v1/completions`` with the tokens our
     baseline generates greedily. transformers 5.23's server takes only transformers' own classes (it looks the

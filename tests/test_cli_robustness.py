@@ -684,7 +684,7 @@ OUT_OF_RANGE = [("vocab_size", 0), ("vocab_size", -1), ("vocab_size", "x"), ("hi
 OUT_OF_STEP = {
     "diff": [("vocab_size", 400), ("hidden_size", 64), ("intermediate_size", 64), ("num_hidden_layers", 2),
              ("num_hidden_layers", 4), ("num_attention_heads", 1), ("num_attention_heads", 4),
-             ("num_key_value_heads", 1), ("map_dim", 16), ("attention", "softmax"), ("map_layout", "whole"),
+             ("num_key_value_heads", 1), ("map_dim", 16), ("map_layout", "whole"),
              ("lambda_mode", "token"), ("subln", "plain"), ("subln", "none"), ("tie_word_embeddings", True)],
     "softmax": [("vocab_size", 400), ("hidden_size", 64), ("intermediate_size", 64), ("num_hidden_layers", 2),
                 ("num_hidden_layers", 4), ("num_key_value_heads", 2), ("attention", "diff"),

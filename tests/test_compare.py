@@ -59,6 +59,7 @@ def compare(data: PreparedData, args: argparse.Namespace):
     )
 
 
+@pytest.mark.slow
 def test_compare_writes_report_and_plots(tmp_path):
     preset = get_preset("micro")
     data = micro_data(preset.block_size)

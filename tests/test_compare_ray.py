@@ -143,6 +143,7 @@ def kill_when_saved(folder: Path, step: int, killed: list[int]) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_a_grid_on_two_nodes_gives_the_numbers_of_one_run_at_a_time(cluster, text_file, tmp_path):
     # One run at a time (one node of one core), the driver killed after the first run and during the second;
     # the same command again reuses the first and resumes the second.
@@ -190,6 +191,7 @@ def test_a_grid_on_two_nodes_gives_the_numbers_of_one_run_at_a_time(cluster, tex
     assert (fanned / "report.md").is_file() and "Learning rates" in (fanned / "report.md").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "sig, status, ended",
     [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
@@ -233,6 +235,7 @@ def test_ctrl_c_or_sigterm_stops_the_grid_in_one_line_and_the_ray_it_started(
     assert not processes_with(marker), "the Ray compare started outlived it"
 
 
+@pytest.mark.slow
 def test_a_cluster_that_cannot_serve_the_command_is_refused_before_training(cluster, text_file, tmp_path):
     out = tmp_path / "out"
     too_big = run_compare(compare_command(text_file, out, cluster.address, "--run-resources", "cpus=2"))
@@ -288,6 +291,7 @@ def test_leaving_ray_puts_back_the_callers_sigterm_handler():
         signal.signal(signal.SIGTERM, previous)
 
 
+@pytest.mark.slow
 def test_ray_trains_coordinator_is_not_left_on_the_cluster_unless_it_was_there():
     """Ray Train starts a detached actor that coordinates its workers' resources; after a data-parallel grid on a
     cluster compare only connects to, it stayed there for good (the sweep report). One that was there before

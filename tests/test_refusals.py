@@ -143,6 +143,7 @@ def test_resume_with_another_preset_is_refused_in_one_line(train_argv, capsys):
     assert "checkpoint-1 holds another model" in err and "hidden_size=32" in err and "hidden_size=128" in err
 
 
+@pytest.mark.slow
 def test_ctrl_c_ends_train_with_a_one_line_note(train_argv):
     argv, run = train_argv
     command = [

@@ -248,7 +248,15 @@ def test_tiny_preset_runs_of_each_kind_serve_the_packages_tokens(tmp_path):
 
 @pytest.mark.parametrize(
     "name",
-    [*FOLDERS, "upcycled-diff_v2", "upcycled-diff", "upcycled-gated", "upcycled-gda", "from-diffllama", *COMPOSITIONS],
+    [
+        *FOLDERS,
+        "upcycled-diff_v2",
+        "upcycled-diff",
+        "upcycled-gated",
+        "upcycled-gda",
+        "from-diffllama",
+        *COMPOSITIONS,
+    ],
 )
 def test_vllm_generates_the_packages_tokens_and_logprobs(served, name):
     built, results = served

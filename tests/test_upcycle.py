@@ -268,6 +268,7 @@ def test_train_init_from_refuses_a_diff_folder_to_upcycle_and_a_second_tokenizer
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_compare_init_from_continues_and_upcycles_the_same_model(tmp_path, monkeypatch):
     monkeypatch.setenv("DIFFTRANSFORMER_CACHE", str(tmp_path / "cache"))
     folder, _ = llama_folder(tmp_path)

@@ -120,7 +120,7 @@ def heatmap_panels(model: nn.Module, input_ids: torch.Tensor, head: int | None =
         return chosen.cpu().numpy()
 
     # the layers' own maps, as the model's parts declare them; a model without parts (its maps only) as softmax
-    parts = model.config.parts if is_difftransformer(model) else None
+    parts = getattr(model.config, "parts", None) if is_difftransformer(model) else None
     if parts is not None and parts.differential:
         out = model(input_ids=input_ids, output_attentions=True, output_component_maps=True, use_cache=False)
         modules = [m for m in model.modules() if hasattr(m, "logits_hook")]
