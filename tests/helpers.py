@@ -74,3 +74,29 @@ def completion_from_server(command: list[str], env: dict, port: int, body: dict,
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+# The start of a script run in a fresh interpreter (arguments: the package's source root, then the script's own):
+# difftransformer is made impossible to import (a meta-path finder refusing it and its source root off sys.path).
+NO_PACKAGE = r"""
+import importlib.abc, os, sys
+
+package_root, work = sys.argv[1], sys.argv[2]
+
+
+class RefuseDifftransformer(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "difftransformer":
+            raise ImportError(f"{name} cannot be imported in this test")
+        return None
+
+
+sys.meta_path.insert(0, RefuseDifftransformer())
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != package_root]
+try:
+    import difftransformer  # noqa: F401
+except ImportError:
+    pass
+else:
+    raise SystemExit("difftransformer is importable: the test proves nothing")
+"""

@@ -19,7 +19,7 @@ pytest.importorskip("lm_eval")
 from difftransformer.cli import main as cli_main  # noqa: E402
 from difftransformer.data.tokenizer import train_tokenizer  # noqa: E402
 from difftransformer.eval.harness import harness_results, lm_eval_argv, run_harness, task_metrics  # noqa: E402
-from helpers import random_model  # noqa: E402
+from helpers import NO_PACKAGE, random_model  # noqa: E402
 from kind_table import KIND_FIELDS  # noqa: E402
 
 KINDS = KIND_FIELDS  # every kind the package declares (tests/kind_table.py)
@@ -180,24 +180,15 @@ def test_cli_arguments_forwarded_to_lm_eval():
 
 
 # Plain `lm_eval` in a process where difftransformer cannot be imported (as a user without our package runs it).
-PLAIN_LM_EVAL = r"""
-import importlib.abc, os, sys
-
-
-class RefuseDifftransformer(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] == "difftransformer":
-            raise ImportError(f"{name} cannot be imported in this test")
-        return None
-
-
-sys.meta_path.insert(0, RefuseDifftransformer())
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != sys.argv[1]]
+PLAIN_LM_EVAL = (
+    NO_PACKAGE
+    + r"""
 sys.argv = ["lm_eval", *sys.argv[2:]]
 from lm_eval.__main__ import cli_evaluate
 
 cli_evaluate()
 """
+)
 
 
 def cli_metrics(folder: Path) -> dict:

@@ -20,41 +20,13 @@ from difftransformer import DiffTransformerForCausalLM
 from difftransformer.data.tokenizer import train_tokenizer
 from difftransformer.models import remote_code
 from difftransformer.models.configuration import AUTO_MAP
-from helpers import random_model
+from helpers import NO_PACKAGE, random_model
+from kind_table import COMPOSITION_FIELDS, KIND_FIELDS
 
-KINDS = {
-    "diff": dict(attention="diff", num_attention_heads=2, num_key_value_heads=1),
-    "diff_v2": dict(attention="diff_v2", num_attention_heads=4, num_key_value_heads=2),
-    "softmax": dict(attention="softmax", num_attention_heads=4, num_key_value_heads=2),
-    "gda": dict(attention="gda", num_attention_heads=4, gda_ratio=2, num_key_value_heads=2, map_dim=6),
-    "gated": dict(attention="gated", num_attention_heads=4, num_key_value_heads=2),
-}
+# every kind, and a composition whose windows bite on the short inputs
+KINDS = {**KIND_FIELDS, "motif-window-3": COMPOSITION_FIELDS["motif-window-3"]}
 PACKAGE_ROOT = Path(difftransformer.__file__).resolve().parents[1]
 
-# The start of a script run in a fresh interpreter (arguments: the package's source root, then the script's own):
-# difftransformer is made impossible to import (a meta-path finder refusing it and its source root off sys.path).
-NO_PACKAGE = r"""
-import importlib.abc, os, sys
-
-package_root, work = sys.argv[1], sys.argv[2]
-
-
-class RefuseDifftransformer(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] == "difftransformer":
-            raise ImportError(f"{name} cannot be imported in this test")
-        return None
-
-
-sys.meta_path.insert(0, RefuseDifftransformer())
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != package_root]
-try:
-    import difftransformer  # noqa: F401
-except ImportError:
-    pass
-else:
-    raise SystemExit("difftransformer is importable: the test proves nothing")
-"""
 # Then every folder is loaded the way a user without the package would.
 WITHOUT_PACKAGE = (
     NO_PACKAGE
@@ -156,8 +128,8 @@ def test_folders_load_and_generate_without_the_package(tmp_path):
         )
         for refusal in got["refusals"]:
             assert "trust_remote_code=True" in refusal, refusal
-        torch.testing.assert_close(got["logits"], want["logits"], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(got["hidden"], want["hidden"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got["logits"], want["logits"], atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(got["hidden"], want["hidden"], atol=2e-5, rtol=1e-5)
         torch.testing.assert_close(got["logits_again"], got["logits"], atol=0, rtol=0)
         assert torch.equal(got["generated"], want["generated"]), kind
     assert report["token_ids"] == report["token_ids_alone"] == tokenizer(text)["input_ids"]
