@@ -295,8 +295,10 @@ def test_bfloat16_first_tokens_equal_the_packages(tmp_path, fields):
         logits = [model(torch.tensor([p])).logits[0, -1] for p in prompts]
         bf16 = model.to(torch.bfloat16)
         expected = [int(bf16(torch.tensor([p])).logits[0, -1].argmax()) for p in prompts]
-    clear = [i for i, row in enumerate(logits) if float(row.topk(2).values.diff().abs()) > 0.05]
-    assert len(clear) >= 6
+    # bfloat16 moves these models' logits by up to 0.13-0.26 from float32's (measured on these four): a lead of
+    # 0.3 stays a lead on both sides
+    clear = [i for i, row in enumerate(logits) if float(row.topk(2).values.diff().abs()) > 0.3]
+    assert len(clear) >= 5
     job = {"folder": str(tmp_path / "model"), "prompts": prompts, "max_tokens": 1, "dtype": "bfloat16"}
     (result,) = run_vllm(tmp_path, [job])
     first = [generation["ids"][0] for generation in result["rounds"][0]]
