@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
-from difftransformer import DiffTransformerConfig, DiffTransformerForCausalLM
+from difftransformer import DiffTransformerForCausalLM
 from difftransformer.cli import main
 from difftransformer.data.needles import NeedleSpec
 from difftransformer.data.tokenizer import train_tokenizer
@@ -305,38 +305,30 @@ def save_tiny(model: nn.Module, tokenizer, path):
     return path
 
 
-def tiny_llama(tokenizer, max_positions: int = 2048) -> LlamaForCausalLM:
+def tiny_model(model_class: type, tokenizer, heads: int, max_positions: int) -> nn.Module:
+    """A 2-layer model of ``model_class`` (seeded) sized for ``tokenizer``, with its special tokens."""
     torch.manual_seed(0)
-    config = LlamaConfig(
+    config = model_class.config_class(
         vocab_size=len(tokenizer),
         hidden_size=32,
         intermediate_size=48,
         num_hidden_layers=2,
-        num_attention_heads=4,
+        num_attention_heads=heads,
         num_key_value_heads=2,
         max_position_embeddings=max_positions,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    return LlamaForCausalLM(config).eval()
+    return model_class(config).eval()
+
+
+def tiny_llama(tokenizer, max_positions: int = 2048) -> LlamaForCausalLM:
+    return tiny_model(LlamaForCausalLM, tokenizer, heads=4, max_positions=max_positions)
 
 
 def tiny_diff(tokenizer, max_positions: int = 2048) -> DiffTransformerForCausalLM:
-    torch.manual_seed(0)
-    config = DiffTransformerConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=max_positions,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    return DiffTransformerForCausalLM(config).eval()
+    return tiny_model(DiffTransformerForCausalLM, tokenizer, heads=2, max_positions=max_positions)
 
 
 @pytest.mark.parametrize("chat", [False, True])
