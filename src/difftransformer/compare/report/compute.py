@@ -128,9 +128,9 @@ def equal_compute_section(
 ) -> None:
     """Each arm against the baseline at equal training FLOPs, beside its FLOP and CPU-second ratios, and a plot of
     validation loss against training FLOPs; nothing without a baseline or its configuration."""
-    if baseline is None or flops_per_token(baseline.runs[0], block_size) is None:
+    reference_flops = None if baseline is None else flops_per_token(baseline.runs[0], block_size)
+    if reference_flops is None:
         return
-    reference_flops = flops_per_token(baseline.runs[0], block_size)
     reference_cpu = cpu_seconds(baseline)
     rows = []
     for arm in others:
