@@ -331,7 +331,7 @@ def test_compare_over_sizes_fits_scaling(tmp_path):
     assert "| parameters in the decoder layers DIFF needs for the baseline's loss" in text
     # The fits' x: each run's parameters in its decoder layers, the embeddings, final norm and head left out.
     for record in json.loads((tmp_path / "results.json").read_text())["runs"]:
-        model = DiffTransformerForCausalLM.from_pretrained(record["folder"])
+        model = DiffTransformerForCausalLM.from_pretrained(tmp_path / record["folder"])  # relative
         outside = sum(p.numel() for name, p in model.named_parameters() if ".layers." not in name)
         assert record["layer_parameters"] == record["parameters"] - outside > 0
     # The suite's rows are per variant and scale.
