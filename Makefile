@@ -163,11 +163,12 @@ bench-check: $(STAMP)
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache
 
-# The two files a saved model folder carries (models/remote_code.py), committed under hub/ for readers, and the
-# configuration the vLLM plugin registers; a test fails when they lag behind the sources.
+# The code files a saved model folder carries (models/remote_code.py), committed under hub/ for readers, and the
+# copy the vLLM plugin carries (the configuration it registers, the strict check of a folder); a test fails when
+# they lag behind the sources.
 hub: $(STAMP)
 	$(PY) -c "from difftransformer.models.remote_code import write_model_code; write_model_code('hub')"
-	cp hub/configuration_difftransformer.py hub/modeling_difftransformer.py serving/vllm/src/difftransformer_vllm/
+	cp hub/*_difftransformer.py serving/vllm/src/difftransformer_vllm/
 
 # Serving with vLLM (docs/serving.md): a venv of its own (vLLM pins an older transformers than ours) with the CPU
 # build of vLLM and the plugin of serving/vllm, then the tests marked `serving` (tests/test_serving_vllm.py), which

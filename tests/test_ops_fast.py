@@ -3,6 +3,7 @@ backward."""
 
 from __future__ import annotations
 
+import importlib
 import itertools
 
 import pytest
@@ -89,6 +90,28 @@ def test_auto_picks_by_shape_dtype_and_device():
     assert pick(512, 512, torch.float64) == "blocked" and pick(512, 512, mask=padding) == "blocked"
     assert pick(2048, 2048, torch.float64) == "sdpa"
     assert pick(512, 512, torch.bfloat16) == "sdpa"
+
+
+def test_without_the_package_only_kernels_auto_runs_sdpa_and_a_request_is_refused(monkeypatch):
+    """The code a saved folder carries has no fast path (each is None there): "auto" then runs SDPA, also for a
+    decode step, and asking for one of them by name is refused in one line naming it."""
+    dispatch = importlib.import_module("difftransformer.ops.diff_attention")
+
+    for name in ("blocked", "decode", "flex"):
+        monkeypatch.setitem(dispatch._MASKED_KERNELS, name, None)
+    for name in ("diff_attention_blocked", "diff_attention_decode"):
+        monkeypatch.setattr(dispatch, name, None)
+    monkeypatch.setattr(dispatch, "cpu_kernels_for", lambda *tensors: None)
+    for q_len, kv_len in ((1, 64), (16, 600), (512, 512)):
+        q, k = torch.empty(1, 2, q_len, 8), torch.empty(1, 2, kv_len, 8)
+        assert choose_backend(q, k) == "sdpa"
+    q, k = torch.empty(1, 2, 4, 8), torch.empty(1, 2, 4, 8)
+    assert choose_backend(q, k, implementation="eager") == "reference"
+    with pytest.raises(ValueError, match="backend 'flex' \\(attn_implementation 'flex_attention'\\) runs in"):
+        choose_backend(q, k, implementation="flex_attention")
+    for backend in ("blocked", "decode"):
+        with pytest.raises(ValueError, match=f"backend '{backend}'.*install difftransformer"):
+            choose_backend(q, k, backend=backend)
 
 
 @st.composite

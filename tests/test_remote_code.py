@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers.models.llama.modeling_llama
 from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
 import difftransformer
@@ -149,16 +150,24 @@ def test_trainer_checkpoints_carry_the_code(tmp_path):
 
 
 def test_the_committed_model_code_is_what_the_sources_generate():
-    """hub/ holds the two files a saved folder carries, committed for readers, and the vLLM plugin the configuration
-    (make hub writes them again): they must be what the package's sources generate now."""
+    """hub/ holds the files a saved folder carries, committed for readers, and the vLLM plugin a copy of them (its
+    configuration and its strict check of a folder); make hub writes them again: they must be what the package's
+    sources generate now."""
     hub = PACKAGE_ROOT.parent / "hub"
     assert {path.name for path in hub.glob("*.py")} == set(remote_code.model_code())
     stale = remote_code.stale_model_code(hub)
     assert stale == [], "the model sources changed: run `make hub` and commit hub/ and serving/vllm"
-    # the vLLM plugin registers the same configuration class with transformers
     plugin = PACKAGE_ROOT.parent / "serving" / "vllm" / "src" / "difftransformer_vllm"
-    configuration = remote_code.model_code()[remote_code.CONFIGURATION_FILE]
-    assert (plugin / remote_code.CONFIGURATION_FILE).read_text() == configuration
+    assert remote_code.stale_model_code(plugin) == [], "run `make hub` and commit serving/vllm"
+
+
+def test_the_modeling_file_is_at_most_twice_llamas():
+    """The modeling file holds the layers and model classes the model runs, as transformers' modeling_llama.py
+    does (its operators and strict load beside it, as transformers keeps Llama's in its own modules): no more than
+    twice the installed modeling_llama.py's lines."""
+    llama = Path(transformers.models.llama.modeling_llama.__file__).read_text().count("\n")
+    modeling = remote_code.model_code()[remote_code.MODELING_FILE].count("\n")
+    assert modeling <= 2 * llama, (modeling, llama)
 
 
 def test_regenerating_changes_nothing_and_both_files_carry_the_hash_of_the_pair(tmp_path, monkeypatch):
@@ -171,7 +180,10 @@ def test_regenerating_changes_nothing_and_both_files_carry_the_hash_of_the_pair(
     # An edited copy in a folder is reported; an edited package source changes both files' stamp.
     (tmp_path / remote_code.MODELING_FILE).write_text(code[remote_code.MODELING_FILE] + "# edited\n")
     (tmp_path / remote_code.CONFIGURATION_FILE).unlink()
-    assert sorted(remote_code.stale_model_code(tmp_path)) == sorted(code)
+    assert sorted(remote_code.stale_model_code(tmp_path)) == [
+        remote_code.CONFIGURATION_FILE,
+        remote_code.MODELING_FILE,
+    ]
     load = remote_code._load
 
     def edited(name: str):
@@ -200,17 +212,19 @@ def test_a_wrapper_subclass_leaves_only_our_code_in_the_folder(tmp_path):
     assert saved["auto_map"] == AUTO_MAP
 
 
-def test_the_model_is_one_modeling_file_beside_its_configuration():
-    """The modeling file imports only the configuration file beside it and installed packages; the configuration
-    file only installed packages; each registers exactly the Auto classes config.json's auto_map names."""
+def test_the_model_files_import_only_each_other_and_installed_packages():
+    """Each file imports only the files before it (configuration, operators, loading, modeling) and installed
+    packages; only the configuration and modeling files register Auto classes, exactly those config.json's auto_map
+    names."""
     code = remote_code.model_code()
-    assert sorted(code) == [remote_code.CONFIGURATION_FILE, remote_code.MODELING_FILE]
+    order = [remote_code.CONFIGURATION_FILE, *(name for name, _, _ in remote_code.MODEL_FILES)]
+    assert sorted(code) == sorted(order)
     registered = {}
     for name, text in code.items():
         tree = ast.parse(text)
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.level:
-                assert name == remote_code.MODELING_FILE and node.module == "configuration_difftransformer"
+                assert order.index(f"{node.module}.py") < order.index(name), (name, node.module)
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
                 modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
                 assert not any(module.partition(".")[0] == "difftransformer" for module in modules), name
@@ -286,5 +300,11 @@ def test_package_only_modules_stay_out_of_the_flat_files():
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and node.value.value is None
         for target in node.targets
     }
-    assert {"cpp_kernels", "diff_attention_blocked", "write_model_code"} <= assigned_none
-    assert "register_native_kernels" not in code[remote_code.MODELING_FILE]
+    assert {
+        "cpp_kernels",
+        "diff_attention_blocked",
+        "diff_attention_decode",
+        "diff_attention_flex",
+        "write_model_code",
+    } <= assigned_none
+    assert all("register_native_kernels" not in text for text in code.values())

@@ -1,26 +1,30 @@
-"""The model's code as two flat files beside a saved model, so the folder loads without difftransformer.
+"""The model's code as flat files beside a saved model, so the folder loads without difftransformer.
 
 transformers loads a folder's custom code (``trust_remote_code=True``) from the files its config.json names in
 ``auto_map``, together with the files those import relatively (``transformers.dynamic_module_utils``). A folder we
-write holds transformers' layout: ``configuration_difftransformer.py`` (the configuration) and
-``modeling_difftransformer.py`` (the model, with every operator and layer it runs: a reader finds the whole model
-in that one file). Both are generated from the package's sources (``models/configuration.py``, and
-``models/modeling.py`` with the ``ops`` and ``layers`` modules it imports, at any depth), as transformers generates
-its ``modeling_*.py`` from modular sources:
+write holds transformers' layout, generated from the package's sources as transformers generates its
+``modeling_*.py`` from modular sources:
 
-- the configuration file is the configuration module with the plain-data modules it reads held whole before it
-  (:data:`CONFIGURATION_MODULES`: the space of attention parts and the kinds declared in it), each other name it
-  imports from the package written as the literal it is (tuples, dicts, strings, numbers);
-- the modeling file is every module the modeling module needs, dependencies first, each under a comment naming its
-  source, with package imports dropped (the names are the file's own) and outside imports gathered at the top; it
-  imports the configuration from the file beside it.
+- ``configuration_difftransformer.py``: the configuration module with the plain-data modules it reads held whole
+  before it (:data:`CONFIGURATION_MODULES`: the space of attention parts and the kinds declared in it), each other
+  name it imports from the package written as the literal it is (tuples, dicts, strings, numbers);
+- the model's modules (``models/modeling.py`` and the ``ops``, ``layers`` and ``models`` modules it imports, at any
+  depth) in three files (:data:`MODEL_FILES`): ``operators_difftransformer.py`` (the attention operators, as
+  transformers keeps Llama's SDPA call in its own module), ``loading_difftransformer.py`` (the strict load) and
+  ``modeling_difftransformer.py`` (layers and model classes, as ``modeling_llama.py``). Each module is written
+  under a comment naming its source, dependencies first, with its definitions' docstrings left in the package
+  (the flat files hold what the model runs); package imports become the file's own names or relative imports of
+  the file before it, and outside imports are gathered at the top.
 
-Both end by registering their classes for the Auto classes, so that a model loaded from the folder and saved again
-carries the files along (transformers' ``custom_object_save``). The package-only modules (:data:`PACKAGE_ONLY`: the
-C++ kernels, the blocked CPU path, this writer) are left out: each name imported from one is None in the flat files,
-so the operators take their PyTorch paths and a folder's configuration writes no code. Generation is deterministic; every file's first line stamps the content hash of the pair
-(:func:`code_digest`). The repository commits the generated pair under ``hub/`` and a test checks it against the
-sources; ``make hub`` writes it again, :func:`write_model_code` anywhere.
+The configuration and modeling files end by registering their classes for the Auto classes, so that a model loaded
+from the folder and saved again carries the files along (transformers' ``custom_object_save`` copies the relative
+imports too). The package-only modules (:data:`PACKAGE_ONLY`: the C++ kernels, the blocked CPU path, the decode
+step, FlexAttention, the evaluation's logits hook, this writer) are left out: each name imported from one is None
+in the flat files, so the operators take their exact PyTorch paths and a folder's configuration writes no code.
+Generation is deterministic; every file's first line stamps the content hash of the set (:func:`code_digest`). The
+repository commits the generated files under ``hub/`` (and the vLLM plugin a copy, for its strict check of a
+folder), a test checks them against the sources, and ``make hub`` writes them again, :func:`write_model_code`
+anywhere.
 """
 
 from __future__ import annotations
@@ -43,11 +47,44 @@ CONFIGURATION_MODULE = f"{PACKAGE}.models.configuration"
 MODELING_MODULE = f"{PACKAGE}.models.modeling"
 CONFIGURATION_FILE = "configuration_difftransformer.py"
 MODELING_FILE = "modeling_difftransformer.py"
+OPERATORS_FILE = "operators_difftransformer.py"
+LOADING_FILE = "loading_difftransformer.py"
+# The files the model's modules are written into, in import order: (file, the modules it holds (a module or
+# subpackage of the package, "" for the rest; the first that matches), its docstring). The modeling file reads as transformers' modeling_llama.py:
+# layers and model classes, with the operators and the strict load beside it as transformers' own modules are.
+MODEL_FILES = (
+    (
+        OPERATORS_FILE,
+        "ops",
+        "Differential and softmax attention operators: the float64-exact reference, the SDPA path and the\n"
+        "dispatcher that picks between them, generated from the package's sources named below.",
+    ),
+    (
+        LOADING_FILE,
+        "models.loading",
+        "Strict loading: a saved folder loads only when its weights are exactly what its config.json describes,\n"
+        "generated from the package's source named below.",
+    ),
+    (
+        MODELING_FILE,
+        "",
+        "The Differential Transformer (DIFF V1, DIFF V2), the kinds compared with it (GDA, gated attention, Motif's\n"
+        "attention) and the matched softmax Transformer as transformers models: their layers and model classes,\n"
+        "generated from the package's sources named below (documented there).",
+    ),
+)
 # Plain-data modules (no torch) the configuration file holds whole; the modeling file imports their names from it.
 CONFIGURATION_MODULES = frozenset({f"{PACKAGE}.layers.parts", f"{PACKAGE}.layers.kinds"})
 # Modules the flat files leave out (what they need the package for): a name imported from one is None there.
 PACKAGE_ONLY = frozenset(
-    {f"{PACKAGE}.ops.fused_cpu", f"{PACKAGE}.ops.blocked", f"{PACKAGE}.models.remote_code"}
+    {
+        f"{PACKAGE}.ops.fused_cpu",
+        f"{PACKAGE}.ops.blocked",
+        f"{PACKAGE}.ops.decode",
+        f"{PACKAGE}.ops.flex",
+        f"{PACKAGE}.layers.hooks",
+        f"{PACKAGE}.models.remote_code",
+    }
 )
 PACKAGE_ONLY_NOTE = "# package-only (models/remote_code.py): not in this file"
 LINE_LENGTH = 110  # the project's formatter's (pyproject.toml)
@@ -136,17 +173,37 @@ def _closure(entry: str, stop: frozenset[str] = frozenset()) -> list[_Module]:
     return ordered
 
 
+def _section_header(module: _Module) -> str:
+    return f"# ---- {module.source_path} " + "-" * max(0, 100 - len(module.source_path))
+
+
 def _docstring_comment(module: _Module) -> list[str]:
     doc = ast.get_docstring(module.tree)
-    lines = [f"# ---- {module.source_path} " + "-" * max(0, 100 - len(module.source_path))]
-    return lines + [f"# {line}".rstrip() for line in (doc or "").splitlines()]
+    return [_section_header(module)] + [f"# {line}".rstrip() for line in (doc or "").splitlines()]
 
 
-def _body(module: _Module) -> tuple[list[str], list[str]]:
+def _docstring_lines(module: _Module) -> set[int]:
+    """The line numbers of the docstrings of the module's functions and classes, at any depth, except where the
+    docstring is a definition's whole body."""
+    lines = module.source.splitlines()
+    found: set[int] = set()
+    for node in ast.walk(module.tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and len(node.body) > 1:
+            if ast.get_docstring(node, clean=False) is not None:
+                end = node.body[0].end_lineno
+                while not lines[end].strip():  # the blank lines after it: a block starts with a statement
+                    end += 1
+                found.update(range(node.body[0].lineno, end + 1))
+    return found
+
+
+def _body(module: _Module, docstrings: bool = True) -> tuple[list[str], list[str]]:
     """The module's outside imports (as source lines) and the rest of its top level, without its docstring, its
-    package imports, ``from __future__`` and ``__all__``."""
+    package imports, ``from __future__`` and ``__all__``; without the docstrings of its definitions too unless
+    ``docstrings``."""
     imports, body = [], []
     lines = module.source.splitlines()
+    dropped = set() if docstrings else _docstring_lines(module)
     previous_end = 0
     for index, node in enumerate(module.tree.body):
         start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
@@ -159,7 +216,11 @@ def _body(module: _Module) -> tuple[list[str], list[str]]:
             continue
         if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__all__"]:
             continue
-        text = "\n".join(lines[start - 1 : node.end_lineno])
+        text = "\n".join(
+            line
+            for number, line in enumerate(lines[start - 1 : node.end_lineno], start)
+            if number not in dropped
+        )
         (imports if isinstance(node, (ast.Import, ast.ImportFrom)) else body).append(text)
     return imports, body
 
@@ -299,7 +360,7 @@ def _literal(value: object, indent: str = "") -> str:
 def _file(docstring: str, imports: list[str], sections: list[str], epilogue: list[str]) -> str:
     head = f'"""{docstring}"""\n\nfrom __future__ import annotations\n\n{_import_block(imports)}'
     registrations = "# transformers copies this file along when a model loaded from it is saved again\n"
-    body = "\n\n\n".join([*sections, registrations + "\n".join(epilogue)])
+    body = "\n\n\n".join([*sections, *([registrations + "\n".join(epilogue)] if epilogue else [])])
     first_code = next(line for line in body.splitlines() if line and not line.startswith("#"))
     # as isort writes it: two blank lines after the imports before a definition, one before anything else
     gap = "\n\n\n" if first_code.startswith(("def ", "class ", "@")) else "\n\n"
@@ -327,7 +388,14 @@ def _configuration_body() -> str:
     return _file(doc, imports, sections, _auto_registrations(CONFIGURATION_FILE))
 
 
-def _modeling_body() -> str:
+def _file_of(module: str) -> str:
+    inner = module.removeprefix(PACKAGE + ".")
+    return next(name for name, held, _ in MODEL_FILES if held in ("", inner) or inner.startswith(held + "."))
+
+
+def _model_bodies() -> dict[str, str]:
+    """The model's files (:data:`MODEL_FILES`) as text; a package import becomes the file's own name, a relative
+    import from the file that defines it, or None where it comes from a package-only module."""
     in_configuration = frozenset({CONFIGURATION_MODULE, *CONFIGURATION_MODULES})
     modules = _closure(MODELING_MODULE, stop=in_configuration)
     defined: dict[str, str] = {
@@ -335,44 +403,48 @@ def _modeling_body() -> str:
         for held in (_load(CONFIGURATION_MODULE), *_held_modules())
         for name in _defined_names(held)
     }
-    from_configuration = sorted(
-        {
-            alias.name
-            for module in modules
-            for node in _package_imports(module)
-            if node.module in in_configuration
-            for alias in node.names
-        }
-    )
-    imports = [f"from .{CONFIGURATION_FILE.removesuffix('.py')} import {', '.join(from_configuration)}"]
-    sections = []
+    files = {
+        name: ([], [], set()) for name, _, _ in MODEL_FILES
+    }  # imports, sections, names taken from others
+    none_in = {name: set() for name in files}  # the package-only names each file sets to None
     for module in modules:
         clashes = {name: defined[name] for name in _defined_names(module) if name in defined}
         if clashes:
             raise ExportError(
-                f"{module.name} defines names another model module defines too, which one flat file cannot hold: "
+                f"{module.name} defines names another model module defines too, which the flat files cannot hold: "
                 + ", ".join(f"{name} ({where})" for name, where in sorted(clashes.items()))
             )
+        file = _file_of(module.name)
+        imports, sections, taken = files[file]
         absent = [
             alias.asname or alias.name
             for node in _package_imports(module)
             if node.module in PACKAGE_ONLY
             for alias in node.names
-            if (alias.asname or alias.name) not in defined
+            if (alias.asname or alias.name) not in none_in[file]
         ]
-        defined.update(dict.fromkeys(absent, "package-only"))
+        none_in[file].update(absent)
         aliases = [f"{name} = None  {PACKAGE_ONLY_NOTE}" for name in absent]
-        aliases += _check_imported_names(module, set(defined))
+        aliases += _check_imported_names(module, set(defined) | set(absent))
+        for node in _package_imports(module):
+            if node.module in in_configuration:
+                taken.update((CONFIGURATION_FILE, alias.name) for alias in node.names)
+            elif node.module not in PACKAGE_ONLY and _file_of(node.module) != file:
+                taken.update((_file_of(node.module), alias.name) for alias in node.names)
         defined.update(dict.fromkeys(_defined_names(module), module.name))
-        module_imports, body = _body(module)
+        module_imports, body = _body(module, docstrings=False)
         imports += module_imports
-        sections.append("\n".join(_docstring_comment(module)) + "\n" + "\n\n\n".join(aliases + body))
-    doc = (
-        "The Differential Transformer (DIFF V1, DIFF V2), the kinds compared with it (GDA, gated attention) and the\n"
-        "matched softmax Transformer as transformers models: every operator, layer and model class they run,\n"
-        "generated from the package's sources named below."
-    )
-    return _file(doc, imports, sections, _auto_registrations(MODELING_FILE))
+        sections.append(_section_header(module) + "\n" + "\n\n\n".join(aliases + body))
+    bodies = {}
+    for name, _, doc in MODEL_FILES:
+        imports, sections, taken = files[name]
+        # a name a module only re-exports (its __all__, which the flat files drop) is not imported
+        used = {node.id for node in ast.walk(ast.parse("\n\n".join(sections))) if isinstance(node, ast.Name)}
+        for source in sorted({source for source, n in taken if n in used}):
+            names = sorted(n for s, n in taken if s == source and n in used)
+            imports.append(f"from .{source.removesuffix('.py')} import {', '.join(names)}")
+        bodies[name] = _file(doc, imports, sections, _auto_registrations(name))
+    return bodies
 
 
 def code_digest(bodies: dict[str, str]) -> str:
@@ -386,7 +458,7 @@ def code_digest(bodies: dict[str, str]) -> str:
 
 def model_code() -> dict[str, str]:
     """File name -> text of the two files a saved folder carries. The same sources always give the same text."""
-    bodies = {CONFIGURATION_FILE: _configuration_body(), MODELING_FILE: _modeling_body()}
+    bodies = {CONFIGURATION_FILE: _configuration_body(), **_model_bodies()}
     digest = code_digest(bodies)
     return {name: _header(digest) + body for name, body in bodies.items()}
 

@@ -4,9 +4,10 @@ The rule (transformers' one ``ALL_ATTENTION_FUNCTIONS[...]`` lookup; flash-linea
 dispatch"): :func:`choose_backend` names the kernel from transformers' ``attn_implementation``, the requested
 backend and the inputs, and :func:`diff_attention` runs that one kernel. No kernel function chooses another. A layer
 makes one call, passing its queries' rotary embedding as an argument, which the C++ decode step fuses and the
-dispatcher applies before every other kernel. The C++ kernels and the blocked path are package-only
-(:mod:`difftransformer.ops.fused_cpu`, :mod:`difftransformer.ops.blocked`): the model code a saved folder carries
-leaves them out, and there the PyTorch kernels serve every input.
+dispatcher applies before every other kernel. The fast paths are package-only (the C++ kernels, the blocked path, the
+decode step and FlexAttention: :mod:`~difftransformer.ops.fused_cpu`, :mod:`~difftransformer.ops.blocked`,
+:mod:`~difftransformer.ops.decode`, :mod:`~difftransformer.ops.flex`): the model code a saved folder carries leaves
+them out, and there the exact PyTorch kernels (reference and SDPA) serve every input.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def choose_backend(
     if lambda_per_token and backend in ("blocked", "fused_cpu"):
         raise ValueError(f"backend {backend!r} takes one scalar lambda a layer; got a per-token lambda")
     if backend == "auto":
-        if q.shape[-2] <= DECODE_MAX_QUERIES:
+        if q.shape[-2] <= DECODE_MAX_QUERIES and diff_attention_decode is not None:
             backend = "decode"
         elif lambda_per_token:
             return "sdpa"
@@ -128,9 +129,11 @@ def choose_backend(
         and _native_applies(q, attn_mask)
     ):
         return "decode_cpu"
-    if backend == "blocked" and diff_attention_blocked is None:
+    if backend in _MASKED_KERNELS and _MASKED_KERNELS[backend] is None:
         raise ValueError(
-            "backend 'blocked' is the package's CPU path, not in a saved folder's code; use 'auto' or 'sdpa'"
+            f"backend {backend!r} (attn_implementation {implementation!r}) runs in the difftransformer package, not "
+            "in the code a saved folder carries; install difftransformer, or use attn_implementation 'sdpa' or "
+            "'eager'"
         )
     if backend == "fused_cpu":
         if attn_mask is not None:

@@ -52,7 +52,7 @@ def check_folder(folder: str) -> None:
     ValueError line naming it: tensors missing, unexpected or of another shape, weights that are not finite, a
     folder that no longer matches the fingerprint its provenance.json records (an edit of config.json that keeps
     the shapes). It is the package's own ``from_pretrained``, from the copy of the model's code this plugin carries
-    (``modeling_difftransformer.py``, written with the configuration by ``make hub``), so the rule cannot drift from
+    (``modeling_difftransformer.py`` and the files beside it, written by ``make hub``), so the rule cannot drift from
     the package's; it reads the weights once on the CPU, which vLLM then loads itself. A model vLLM fetches from the
     Hub by name (no local folder) is left to vLLM."""
     if not os.path.isdir(folder):
