@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 3d8ddebacfbd1960; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 32500685eff06331; change the package, not this file.
 """The Differential Transformer (DIFF V1, DIFF V2), the kinds compared with it (GDA, gated attention, Motif's
 attention) and the matched softmax Transformer as transformers models: their layers and model classes,
 generated from the package's sources named below (documented there)."""
@@ -110,8 +110,11 @@ class PartsAttention(nn.Module):
         blocks = self.ratio + (1 if self.parts.differential else 0)  # a group's query blocks
         gate = self.ratio * width if self.parts.gate == "elementwise" else 0
         hidden, kv_rows = config.hidden_size, config.num_key_value_heads * config.head_dim
+        self.group_width = (
+            blocks * self.map_head_dim + gate
+        )  # q_proj's rows a group: tensor parallelism splits groups
         # Registered in the order earlier versions had, so a seed gives the same initial weights.
-        self.q_proj = nn.Linear(hidden, self.groups * (blocks * self.map_head_dim + gate), bias=False)
+        self.q_proj = nn.Linear(hidden, self.groups * self.group_width, bias=False)
         self.k_proj = nn.Linear(hidden, kv_rows, bias=False)
         self.v_proj = nn.Linear(hidden, kv_rows, bias=False)
         self.o_proj = nn.Linear(self.heads * width, hidden, bias=False)
@@ -130,7 +133,7 @@ class PartsAttention(nn.Module):
 
     def query_groups(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, q_len, _ = hidden_states.shape
-        groups = self.q_proj(hidden_states).view(batch, q_len, self.groups, -1)
+        groups = self.q_proj(hidden_states).view(batch, q_len, -1, self.group_width)
         if self.parts.gate == "none":
             return groups.unflatten(-1, (-1, self.map_head_dim)), None
         queries, gate = groups.split(
@@ -381,22 +384,22 @@ class WholeHeadAttention(PartsAttention):
             return self.finish(out, gate), probs if maps else None
         weight = self.noise_weight(hidden_states)  # a scalar, or (B, T, h)
         if maps:
-            groups = probs.unflatten(1, (self.groups, -1))  # (B, n, G + 1, T, S)
+            groups = probs.unflatten(1, (-1, self.ratio + 1))  # (B, n, G + 1, T, S); n of this shard
             first, noise = groups[:, :, :-1], groups[:, :, -1:]
             if isinstance(weight, torch.Tensor) and weight.dim():
-                weight = weight.transpose(1, 2).unflatten(1, (self.groups, -1)).unsqueeze(-1).to(probs.dtype)
+                weight = weight.transpose(1, 2).unflatten(1, (-1, self.ratio)).unsqueeze(-1).to(probs.dtype)
             combined = (first - weight * noise).flatten(1, 2)  # (B, h, T, S)
             # each signal head's KV head: its query head's, query heads ordered group by group
-            query_head = torch.arange(self.heads, device=q.device)
+            query_head = torch.arange(first.shape[1] * self.ratio, device=q.device)
             query_head = query_head + query_head // self.ratio
             values = v.to(combined.dtype)[:, query_head // self.num_key_value_groups]
             out = (combined @ values).transpose(1, 2).to(q.dtype)  # (B, T, h, d)
             result = (combined, first.flatten(1, 2), noise.expand_as(first).flatten(1, 2))
         else:
-            groups = out.unflatten(2, (self.groups, -1))  # (B, T, n, G + 1, d)
+            groups = out.unflatten(2, (-1, self.ratio + 1))  # (B, T, n, G + 1, d)
             first, noise = groups[:, :, :, :-1], groups[:, :, :, -1:]
             if isinstance(weight, torch.Tensor) and weight.dim():
-                weight = weight.unflatten(2, (self.groups, -1)).unsqueeze(-1)
+                weight = weight.unflatten(2, (-1, self.ratio)).unsqueeze(-1)
             if isinstance(weight, torch.Tensor):
                 weight = weight.to(out.dtype)
             out = (first - weight * noise).flatten(2, 3)  # (B, T, h, d)

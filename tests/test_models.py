@@ -577,7 +577,8 @@ else:
     with torch.no_grad():
         got = model(ids).logits
         want = AutoModelForCausalLM.from_pretrained(folder)(ids).logits
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # o_proj and down_proj add the shards' partial sums: float32 rounding of another order of addition
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 print("ok", dist.get_rank(), flush=True)
 dist.destroy_process_group()
 """

@@ -81,8 +81,11 @@ class PartsAttention(nn.Module):
         blocks = self.ratio + (1 if self.parts.differential else 0)  # a group's query blocks
         gate = self.ratio * width if self.parts.gate == "elementwise" else 0
         hidden, kv_rows = config.hidden_size, config.num_key_value_heads * config.head_dim
+        self.group_width = (
+            blocks * self.map_head_dim + gate
+        )  # q_proj's rows a group: tensor parallelism splits groups
         # Registered in the order earlier versions had, so a seed gives the same initial weights.
-        self.q_proj = nn.Linear(hidden, self.groups * (blocks * self.map_head_dim + gate), bias=False)
+        self.q_proj = nn.Linear(hidden, self.groups * self.group_width, bias=False)
         self.k_proj = nn.Linear(hidden, kv_rows, bias=False)
         self.v_proj = nn.Linear(hidden, kv_rows, bias=False)
         self.o_proj = nn.Linear(self.heads * width, hidden, bias=False)
@@ -103,7 +106,7 @@ class PartsAttention(nn.Module):
         """q_proj's output as its groups: the query blocks (B, T, n, blocks, d) (G signal, then the noise one) and
         the gate blocks (B, T, n, G, width), or None without the gate. Views, no copies."""
         batch, q_len, _ = hidden_states.shape
-        groups = self.q_proj(hidden_states).view(batch, q_len, self.groups, -1)
+        groups = self.q_proj(hidden_states).view(batch, q_len, -1, self.group_width)
         if self.parts.gate == "none":
             return groups.unflatten(-1, (-1, self.map_head_dim)), None
         queries, gate = groups.split(

@@ -119,22 +119,22 @@ class WholeHeadAttention(PartsAttention):
             return self.finish(out, gate), probs if maps else None
         weight = self.noise_weight(hidden_states)  # a scalar, or (B, T, h)
         if maps:
-            groups = probs.unflatten(1, (self.groups, -1))  # (B, n, G + 1, T, S)
+            groups = probs.unflatten(1, (-1, self.ratio + 1))  # (B, n, G + 1, T, S); n of this shard
             first, noise = groups[:, :, :-1], groups[:, :, -1:]
             if isinstance(weight, torch.Tensor) and weight.dim():
-                weight = weight.transpose(1, 2).unflatten(1, (self.groups, -1)).unsqueeze(-1).to(probs.dtype)
+                weight = weight.transpose(1, 2).unflatten(1, (-1, self.ratio)).unsqueeze(-1).to(probs.dtype)
             combined = (first - weight * noise).flatten(1, 2)  # (B, h, T, S)
             # each signal head's KV head: its query head's, query heads ordered group by group
-            query_head = torch.arange(self.heads, device=q.device)
+            query_head = torch.arange(first.shape[1] * self.ratio, device=q.device)
             query_head = query_head + query_head // self.ratio
             values = v.to(combined.dtype)[:, query_head // self.num_key_value_groups]
             out = (combined @ values).transpose(1, 2).to(q.dtype)  # (B, T, h, d)
             result = (combined, first.flatten(1, 2), noise.expand_as(first).flatten(1, 2))
         else:
-            groups = out.unflatten(2, (self.groups, -1))  # (B, T, n, G + 1, d)
+            groups = out.unflatten(2, (-1, self.ratio + 1))  # (B, T, n, G + 1, d)
             first, noise = groups[:, :, :, :-1], groups[:, :, :, -1:]
             if isinstance(weight, torch.Tensor) and weight.dim():
-                weight = weight.unflatten(2, (self.groups, -1)).unsqueeze(-1)
+                weight = weight.unflatten(2, (-1, self.ratio)).unsqueeze(-1)
             if isinstance(weight, torch.Tensor):
                 weight = weight.to(out.dtype)
             out = (first - weight * noise).flatten(2, 3)  # (B, T, h, d)
