@@ -45,8 +45,17 @@ def padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-@pytest.mark.parametrize("implementation", CPU_IMPLEMENTATIONS)
-@pytest.mark.parametrize("kind", list(KINDS))
+# Every kind under every implementation; Motif's FlexAttention (about 14 s of compiling) with the slow tests, its
+# windowed point's by default.
+CPU_CASES = [
+    pytest.param(kind, implementation, id=f"{kind}-{implementation}",
+                 marks=pytest.mark.slow if (kind, implementation) == ("motif", "flex_attention") else ())
+    for kind in KINDS
+    for implementation in CPU_IMPLEMENTATIONS
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("kind", "implementation"), CPU_CASES)
 def test_every_cpu_implementation_gives_the_same_logits_and_generation(kind, implementation):
     """Padded logits and greedy generation (a KV cache, one token a step) under each implementation equal the
     default (sdpa) model's. FlexAttention generates without padding: torch 2.13's CPU inductor fails to compile the

@@ -83,6 +83,7 @@ def test_auto_is_the_cluster_ray_start_made_never_a_ray_found_running(http_serve
     assert found.describe() == f"the Ray cluster at {http_server} (found by auto): 1 node(s), 2 CPUs, 0 GPUs"
 
 
+@pytest.mark.slow
 def test_a_cluster_that_asks_for_a_token_is_refused_naming_token_authentication(tmp_path, monkeypatch):
     """A Ray 2.60 cluster with token authentication (a Ray started by ray.init has it by default) refused with 20
     lines of Ray's own and a message that never said "token" (the sweep report's defect 12)."""

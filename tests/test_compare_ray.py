@@ -275,6 +275,7 @@ def test_a_run_of_two_workers_trains_as_one_process_with_their_whole_batch(text_
     assert list((tmp_path / "two" / "runs" / "micro-diff-seed0").glob("run.rank.*.log"))
 
 
+@pytest.mark.slow
 def test_leaving_ray_puts_back_the_callers_sigterm_handler():
     """ray.init installs its driver's SIGTERM handler; a program that calls compare keeps its own after."""
     from difftransformer.compare.ray.cluster import connect

@@ -87,7 +87,7 @@ def _short_metrics(source: Path, target: Path, steps: int, logging: int, eval_st
 
 
 FIXTURE = settings(
-    max_examples=12,
+    max_examples=6,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
     derandomize=True,
