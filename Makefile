@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-slow lint demo demo-check study study-scaling study-kinds study-parts study-retrieval study-retrieval-long study-upcycle bench bench-check clean hub test-serving
+.PHONY: test test-slow test-quant lint demo demo-check study study-scaling study-kinds study-parts study-retrieval study-retrieval-long study-upcycle bench bench-check clean hub test-serving
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,20 @@ test: lint
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m slow
+
+# `difftransformer quantize` (docs/quantization.md) in a venv of its own: with torchao installed, transformers imports
+# it in every process (half a second, and warnings on stderr about its GPU libraries), so the package's own venv
+# leaves the quant extra out.
+QUANT_VENV := .venv-quant
+QUANT_STAMP := $(QUANT_VENV)/.installed
+$(QUANT_STAMP): pyproject.toml
+	test -x $(QUANT_VENV)/bin/python || $(PYTHON) -m venv $(QUANT_VENV)
+	$(QUANT_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(QUANT_VENV)/bin/python -m pip install --quiet "torch==2.13.0" -e ".[test,quant]"
+	touch $(QUANT_STAMP)
+
+test-quant: $(QUANT_STAMP)
+	$(QUANT_VENV)/bin/python -m pytest -q -p no:cacheprovider -m quant tests/test_quantize.py
 
 # DIFF and its matched Transformer on the built-in corpus with MQAR and induction rows mixed in (the retrieval
 # preset, one seed: the first seed of make study-retrieval); every evaluation task that fits its 64-token blocks.
@@ -161,7 +175,7 @@ bench-check: $(STAMP)
 	$(PY) scripts/bench_check.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(QUANT_VENV) runs .pytest_cache
 
 # The code files a saved model folder carries (models/remote_code.py), committed under hub/ for readers, and the
 # copy the vLLM plugin carries (the configuration it registers, the strict check of a folder); a test fails when

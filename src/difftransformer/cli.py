@@ -43,6 +43,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "eval": ("difftransformer.eval.cli", "run one of the paper's experiments on any causal LM checkpoint"),
     "convert": ("difftransformer.convert.cli", "convert to and from transformers' DiffLlama and Llama"),
+    "quantize": (
+        "difftransformer.convert.quantize_cli",
+        "a quantized copy of a model folder (int8, int4, W8A8)",
+    ),
     "lm-eval": ("difftransformer.eval.harness_cli", "lm-evaluation-harness's command line on our folders"),
     "bench": ("difftransformer.bench.cli", "benchmark DIFF against its matched baseline and DiffLlama"),
 }

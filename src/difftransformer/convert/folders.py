@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from transformers import PreTrainedModel
@@ -62,9 +63,12 @@ def check_output(source: Path, output: Path) -> None:
         raise ConversionError(f"`output_dir` must be a new or empty folder; {output} already holds files")
 
 
-def save_converted(model: PreTrainedModel, source: Path, output: Path) -> None:
+def save_converted(
+    model: PreTrainedModel, source: Path, output: Path, finish: Callable[[Path], None] | None = None
+) -> None:
     """Save ``model`` with the source's :data:`CARRIED_FILES` into a temporary folder beside ``output``, then move
-    it into place: a conversion that fails leaves no half-written ``output`` (and never touches ``source``)."""
+    it into place: a conversion that fails leaves no half-written ``output`` (and never touches ``source``).
+    ``finish(folder)`` writes what ``save_pretrained`` does not, before the move."""
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
@@ -72,6 +76,8 @@ def save_converted(model: PreTrainedModel, source: Path, output: Path) -> None:
         for name in CARRIED_FILES:
             if (source / name).is_file():
                 shutil.copy2(source / name, staging / name)
+        if finish is not None:
+            finish(staging)
         if output.exists():
             output.rmdir()  # empty (check_output): os.replace then puts the new folder in its place
         os.replace(staging, output)

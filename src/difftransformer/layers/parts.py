@@ -138,6 +138,12 @@ class AttentionParts:
         return ("lambda_vectors",) if self.lambda_mode == "scalar" else ()
 
     @property
+    def full_precision(self) -> tuple[str, ...]:
+        """Submodules no quantizer converts (docs/quantization.md): those kept in float32, and the per-token
+        lambda's projection, whose sigmoid weighs the noise map near 0 where an int8 step is coarse."""
+        return self.keep_in_fp32 + (("lambda_proj",) if self.lambda_mode == "token" else ())
+
+    @property
     def renamings(self) -> dict[str, str]:
         """Llama-family parameter names (under ``self_attn.``) of checkpoints with these parts -> ours."""
         return dict(LAMBDA_RENAMINGS) if self.lambda_mode == "scalar" else {}

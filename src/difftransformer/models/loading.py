@@ -158,14 +158,23 @@ def weight_disagreements(
     return problems
 
 
+def _values(tensor: torch.Tensor) -> torch.Tensor:
+    """The values ``tensor`` stands for: a quantized weight's (torchao's tensor subclasses, which implement few
+    operators, answer ``dequantize``), any other tensor itself."""
+    if type(tensor) not in (torch.Tensor, nn.Parameter) and callable(getattr(tensor, "dequantize", None)):
+        return tensor.dequantize()
+    return tensor
+
+
 def nonfinite_tensors(tensors: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
-    """The names of the floating-point tensors among ``tensors`` (name, tensor) that hold a NaN or an infinity."""
+    """The names of the floating-point tensors among ``tensors`` (name, tensor) that hold a NaN or an infinity;
+    a quantized weight is judged by its dequantized values."""
     return [
         name
         for name, tensor in tensors
-        if tensor.is_floating_point()
-        and tensor.device.type != "meta"
-        and not bool(torch.isfinite(tensor).all())
+        if tensor.device.type != "meta"
+        and (values := _values(tensor)).is_floating_point()
+        and not bool(torch.isfinite(values).all())
     ]
 
 

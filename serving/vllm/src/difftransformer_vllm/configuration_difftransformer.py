@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 32500685eff06331; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 8954c30893c815b2; change the package, not this file.
 """The Differential Transformer's configuration, generated from difftransformer/models/configuration.py and the modules it holds."""
 
 from __future__ import annotations
@@ -154,6 +154,12 @@ class AttentionParts:
         """Submodules kept in float32 whatever the model's dtype: the scalar lambda's vectors (exp() of a
         half-precision dot product is too coarse for lambda)."""
         return ("lambda_vectors",) if self.lambda_mode == "scalar" else ()
+
+    @property
+    def full_precision(self) -> tuple[str, ...]:
+        """Submodules no quantizer converts (docs/quantization.md): those kept in float32, and the per-token
+        lambda's projection, whose sigmoid weighs the noise map near 0 where an int8 step is coarse."""
+        return self.keep_in_fp32 + (("lambda_proj",) if self.lambda_mode == "token" else ())
 
     @property
     def renamings(self) -> dict[str, str]:

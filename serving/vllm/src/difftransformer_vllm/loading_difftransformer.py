@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 32500685eff06331; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 8954c30893c815b2; change the package, not this file.
 """Strict loading: a saved folder loads only when its weights are exactly what its config.json describes,
 generated from the package's source named below."""
 
@@ -148,13 +148,19 @@ def weight_disagreements(
     return problems
 
 
+def _values(tensor: torch.Tensor) -> torch.Tensor:
+    if type(tensor) not in (torch.Tensor, nn.Parameter) and callable(getattr(tensor, "dequantize", None)):
+        return tensor.dequantize()
+    return tensor
+
+
 def nonfinite_tensors(tensors: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
     return [
         name
         for name, tensor in tensors
-        if tensor.is_floating_point()
-        and tensor.device.type != "meta"
-        and not bool(torch.isfinite(tensor).all())
+        if tensor.device.type != "meta"
+        and (values := _values(tensor)).is_floating_point()
+        and not bool(torch.isfinite(values).all())
     ]
 
 
