@@ -3,11 +3,14 @@
 The 2h component maps become 2h ordinary heads of width d (all Q1s, then all Q2s; K1s then K2s), each reading the
 full 2d-wide V of its group, so ONE compiled kernel call gives A1 V and A2 V for every head: the baseline's QK^T
 work and 2x its AV work (1.5x in all, docs/performance.md), no V split. Masks (causal aligned bottom-right,
-padding) become a block mask, so fully masked tiles are skipped. The call is compiled with ``torch.compile`` (one
-compile per new shape, docs/performance.md); eager FlexAttention would materialize the maps.
+padding) become a block mask, so fully masked tiles are skipped. On an accelerator the call is compiled with
+``torch.compile`` (one compile per new shape, docs/performance.md); eager FlexAttention materializes the maps.
 
 FlexAttention has no backward on the CPU in torch 2.13 (measured: NotImplementedError), so there this path
-serves inference only and refuses inputs that require grad; on a GPU it trains as well.
+serves inference only and refuses inputs that require grad; on a GPU it trains as well. On the CPU the call also runs
+uncompiled: torch 2.13's compiled CPU kernel, with the block mask built here, gave wrong outputs (NaN in some rows)
+for causal inputs of 24, 40 and 56 queries and keys, while 32, 41, 48, 64 and 100 were exact
+(tests/test_ops_fast.py); eager FlexAttention forms the maps, as the reference does, and is exact.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from difftransformer.ops.common import check_diff_inputs
 
 
 @functools.cache
-def _compiled_flex():
+def _flex_for(device_type: str):
+    """FlexAttention compiled for an accelerator; on the CPU uncompiled (see the module's docstring)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention)
+    return flex_attention if device_type == "cpu" else torch.compile(flex_attention)
 
 
 def diff_attention_flex(
@@ -82,12 +86,12 @@ def diff_attention_flex(
 def _flex_maps(
     q, k, v, lambda_full, block_mask, scale, heads: int, kv_heads: int, head_dim: int
 ) -> torch.Tensor:
-    """The compiled FlexAttention call over the 2h component maps, and A1 V - lambda A2 V."""
+    """One FlexAttention call over the 2h component maps, and A1 V - lambda A2 V."""
     q_maps = torch.cat([q[..., :head_dim], q[..., head_dim:]], dim=1)  # (B, 2h, T, d)
     k_maps = torch.cat([k[..., :head_dim], k[..., head_dim:]], dim=1)  # (B, 2h_kv, S, d)
     v_maps = torch.cat([v, v], dim=1)  # K1 and K2 of a group read the same V
     # GQA rule: map head j reads KV head j // (h / h_kv), so Q1 of head i meets K1 of its group, Q2 meets K2.
-    out = _compiled_flex()(
+    out = _flex_for(q.device.type)(
         q_maps, k_maps, v_maps, block_mask=block_mask, scale=scale, enable_gqa=heads != kv_heads
     )  # (B, 2h, T, 2d)
     if isinstance(lambda_full, torch.Tensor):
