@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 8954c30893c815b2; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 8ec4d15916680462; change the package, not this file.
 """The Differential Transformer (DIFF V1, DIFF V2), the kinds compared with it (GDA, gated attention, Motif's
 attention) and the matched softmax Transformer as transformers models: their layers and model classes,
 generated from the package's sources named below (documented there)."""
@@ -353,6 +353,12 @@ class WholeHeadAttention(PartsAttention):
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         implementation = "eager" if output_attentions else self.config._attn_implementation
+        if implementation == "flex_attention" and self.sliding_window is not None and q.device.type == "cpu":
+            raise ValueError(
+                "attn_implementation 'flex_attention' cannot run a sliding-window layer on the CPU: torch 2.13's "
+                "inductor fails to compile FlexAttention's windowed block mask there (CppCompileError); use "
+                "'sdpa' or 'eager' on the CPU"
+            )
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         return attention(
             self, q, k, v, attention_mask, scaling=self.scaling, dropout=0.0, sliding_window=self.sliding_window,

@@ -49,6 +49,7 @@ def compare_into(data, out: Path, **overrides) -> tuple[str, dict]:
     return markdown.read_text().splitlines()[2], json.loads((out / "results.json").read_text())
 
 
+@pytest.mark.slow
 def test_a_sweep_counts_every_run_it_trained_and_a_rerun_reuses_them(data, serial, tmp_path):
     """The sweep's runs at full length are the first seed's runs: trained by this invocation, though the seed phase
     reads them again (issue 46; the sweep report's defect 4a)."""

@@ -207,6 +207,7 @@ RANKS_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_ranks_read_disjoint_shares(tokenizer, tmp_path):
     tokenizer.save_pretrained(tmp_path / "tok")
     script = tmp_path / "ranks.py"

@@ -94,6 +94,7 @@ FIXTURE = settings(
 )
 
 
+@pytest.mark.slow
 @FIXTURE
 @given(
     steps=st.integers(1, STEPS),

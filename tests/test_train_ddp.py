@@ -74,6 +74,7 @@ AT_EXIT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_finished_run_has_its_process_group_destroyed_at_exit(tmp_path):
     """Without it, gloo's threads can abort the exiting process (SIGABRT)."""
     done = subprocess.run(

@@ -170,7 +170,7 @@ def test_saved_configs_are_fit_for_inference(tmp_path, data, monkeypatch):
     assert json.loads((tmp_path / "b" / "config.json").read_text())["max_position_embeddings"] == 128
 
 
-@pytest.mark.parametrize("command", ["train", "compare"])
+@pytest.mark.parametrize("command", ["train", pytest.param("compare", marks=pytest.mark.slow)])
 def test_data_is_prepared_with_the_seed_flag(command, tmp_path, monkeypatch):
     """train and compare draw the same data (corpus split, needle mix) for the same --seed."""
     seen = {}

@@ -82,6 +82,12 @@ class WholeHeadAttention(PartsAttention):
         """The one attention call: (B, T, H_q, d) and the map (B, H_q, T, S) where the implementation gives one.
         Maps are asked of the eager implementation, whatever the configured one (they are what it computes)."""
         implementation = "eager" if output_attentions else self.config._attn_implementation
+        if implementation == "flex_attention" and self.sliding_window is not None and q.device.type == "cpu":
+            raise ValueError(
+                "attn_implementation 'flex_attention' cannot run a sliding-window layer on the CPU: torch 2.13's "
+                "inductor fails to compile FlexAttention's windowed block mask there (CppCompileError); use "
+                "'sdpa' or 'eager' on the CPU"
+            )
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         return attention(
             self, q, k, v, attention_mask, scaling=self.scaling, dropout=0.0, sliding_window=self.sliding_window,
