@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 8ec4d15916680462; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 7e9743ef94e36059; change the package, not this file.
 """The Differential Transformer (DIFF V1, DIFF V2), the kinds compared with it (GDA, gated attention, Motif's
 attention) and the matched softmax Transformer as transformers models: their layers and model classes,
 generated from the package's sources named below (documented there)."""
@@ -110,9 +110,8 @@ class PartsAttention(nn.Module):
         blocks = self.ratio + (1 if self.parts.differential else 0)  # a group's query blocks
         gate = self.ratio * width if self.parts.gate == "elementwise" else 0
         hidden, kv_rows = config.hidden_size, config.num_key_value_heads * config.head_dim
-        self.group_width = (
-            blocks * self.map_head_dim + gate
-        )  # q_proj's rows a group: tensor parallelism splits groups
+        # q_proj's rows a group: tensor parallelism gives each shard whole groups
+        self.group_width = blocks * self.map_head_dim + gate
         # Registered in the order earlier versions had, so a seed gives the same initial weights.
         self.q_proj = nn.Linear(hidden, self.groups * self.group_width, bias=False)
         self.k_proj = nn.Linear(hidden, kv_rows, bias=False)

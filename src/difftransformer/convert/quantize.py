@@ -56,6 +56,9 @@ class Scheme:
     inputs: str
     package: str  # the import name, checked before any work
     distribution: str  # its name on PyPI
+    group_size: int | None = (
+        None  # inputs a scale, where not a whole row: every quantized width must be a multiple
+    )
 
     def check_available(self) -> None:
         """Raise ConversionError, naming the extra to install, where the scheme's package is missing."""
@@ -73,6 +76,7 @@ SCHEMES = {
         "floating point",
         "torchao",
         "torchao",
+        group_size=GROUP_SIZE,
     ),
     "w8a8": Scheme(
         "w8a8",
@@ -99,15 +103,16 @@ def quantized_linears(model: nn.Module, kept: tuple[str, ...]) -> Iterator[tuple
 
 def check_quantizable(config: DiffTransformerConfig, scheme: Scheme) -> None:
     """Raise ConversionError, before any weight is read, where ``scheme`` cannot take the shapes of the model
-    ``config`` describes (int4's groups must tile every input width)."""
-    if scheme.name != "int4":
+    ``config`` describes (a scheme's groups must tile every input width)."""
+    if scheme.group_size is None:
         return
     with torch.device("meta"):
         model = DiffTransformerForCausalLM(config)
     for name, linear in quantized_linears(model, full_precision_modules(config)):
-        if linear.in_features % GROUP_SIZE:
+        if linear.in_features % scheme.group_size:
             raise ConversionError(
-                f"`scheme` int4 quantizes in groups of {GROUP_SIZE} inputs; {name} takes {linear.in_features}"
+                f"`scheme` {scheme.name} quantizes in groups of {scheme.group_size} inputs; {name} takes "
+                f"{linear.in_features}"
             )
 
 
@@ -117,8 +122,8 @@ def _torchao_config(scheme: Scheme, kept: tuple[str, ...]) -> TorchAoConfig:
 
     quantization = (
         Int8WeightOnlyConfig()
-        if scheme.name == "int8"
-        else IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(GROUP_SIZE))
+        if scheme.group_size is None
+        else IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(scheme.group_size))
     )
     # transformers matches these against parameter names: a pattern, as a bare module name would not match
     return TorchAoConfig(

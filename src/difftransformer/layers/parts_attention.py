@@ -81,9 +81,8 @@ class PartsAttention(nn.Module):
         blocks = self.ratio + (1 if self.parts.differential else 0)  # a group's query blocks
         gate = self.ratio * width if self.parts.gate == "elementwise" else 0
         hidden, kv_rows = config.hidden_size, config.num_key_value_heads * config.head_dim
-        self.group_width = (
-            blocks * self.map_head_dim + gate
-        )  # q_proj's rows a group: tensor parallelism splits groups
+        # q_proj's rows a group: tensor parallelism gives each shard whole groups
+        self.group_width = blocks * self.map_head_dim + gate
         # Registered in the order earlier versions had, so a seed gives the same initial weights.
         self.q_proj = nn.Linear(hidden, self.groups * self.group_width, bias=False)
         self.k_proj = nn.Linear(hidden, kv_rows, bias=False)

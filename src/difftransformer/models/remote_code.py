@@ -50,8 +50,9 @@ MODELING_FILE = "modeling_difftransformer.py"
 OPERATORS_FILE = "operators_difftransformer.py"
 LOADING_FILE = "loading_difftransformer.py"
 # The files the model's modules are written into, in import order: (file, the modules it holds (a module or
-# subpackage of the package, "" for the rest; the first that matches), its docstring). The modeling file reads as transformers' modeling_llama.py:
-# layers and model classes, with the operators and the strict load beside it as transformers' own modules are.
+# subpackage of the package, "" for the rest; the first that matches), its docstring). The modeling file reads as
+# transformers' modeling_llama.py: layers and model classes, with the operators and the strict load beside it as
+# transformers' own modules are.
 MODEL_FILES = (
     (
         OPERATORS_FILE,
@@ -403,9 +404,8 @@ def _model_bodies() -> dict[str, str]:
         for held in (_load(CONFIGURATION_MODULE), *_held_modules())
         for name in _defined_names(held)
     }
-    files = {
-        name: ([], [], set()) for name, _, _ in MODEL_FILES
-    }  # imports, sections, names taken from others
+    # each file's outside imports, its sections, and the (file, name) pairs it imports from the files before it
+    files = {name: ([], [], set()) for name, _, _ in MODEL_FILES}
     none_in = {name: set() for name in files}  # the package-only names each file sets to None
     for module in modules:
         clashes = {name: defined[name] for name in _defined_names(module) if name in defined}
@@ -457,7 +457,7 @@ def code_digest(bodies: dict[str, str]) -> str:
 
 
 def model_code() -> dict[str, str]:
-    """File name -> text of the two files a saved folder carries. The same sources always give the same text."""
+    """File name -> text of the files a saved folder carries. The same sources always give the same text."""
     bodies = {CONFIGURATION_FILE: _configuration_body(), **_model_bodies()}
     digest = code_digest(bodies)
     return {name: _header(digest) + body for name, body in bodies.items()}

@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 8ec4d15916680462; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 7e9743ef94e36059; change the package, not this file.
 """Strict loading: a saved folder loads only when its weights are exactly what its config.json describes,
 generated from the package's source named below."""
 
