@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 7e9743ef94e36059; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 176890fbd293cfba; change the package, not this file.
 """Strict loading: a saved folder loads only when its weights are exactly what its config.json describes,
 generated from the package's source named below."""
 
@@ -149,7 +149,7 @@ def weight_disagreements(
 
 
 def _values(tensor: torch.Tensor) -> torch.Tensor:
-    if type(tensor) not in (torch.Tensor, nn.Parameter) and callable(getattr(tensor, "dequantize", None)):
+    if type(tensor).dequantize is not torch.Tensor.dequantize:
         return tensor.dequantize()
     return tensor
 

@@ -18,7 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file, save_file
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
 from transformers import AutoModel, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from difftransformer import DiffTransformerConfig, DiffTransformerForCausalLM, DiffTransformerModel
@@ -29,6 +32,7 @@ from difftransformer.models.loading import (
     FolderMismatchError,
     folder_fingerprint,
     folder_problems,
+    nonfinite_tensors,
 )
 from difftransformer.train.provenance import record_fingerprint
 from helpers import random_model
@@ -227,6 +231,25 @@ def test_weights_that_are_not_finite_are_refused_in_one_line_naming_them(saved, 
     # transformers' own load, asked for its report, is left to the caller
     model, _ = DiffTransformerForCausalLM.from_pretrained(folder, output_loading_info=True)
     assert not all(torch.isfinite(tensor).all() for tensor in model.state_dict().values())
+
+
+def test_sharded_weights_and_quantized_ones_are_judged_by_their_values():
+    """DTensor (FSDP2's and TP's shards) keeps torch's ``dequantize``, which has no sharding rule: it is judged as
+    it is; a quantized weight (torchao's subclasses) by what its own ``dequantize`` gives."""
+    poisoned = torch.tensor([[1.0, float("nan")]], dtype=torch.float64)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        shards = [("w", distribute_tensor(poisoned, mesh, [Shard(0)])), ("b", distribute_tensor(torch.ones(2), mesh))]
+        assert nonfinite_tensors(shards) == ["w"]
+    finally:
+        dist.destroy_process_group()
+
+    class Quantized(torch.Tensor):
+        def dequantize(self) -> torch.Tensor:
+            return poisoned
+
+    assert nonfinite_tensors([("q", torch.ones(1, 2).as_subclass(Quantized))]) == ["q"]
 
 
 # Edits of config.json that keep every shape, each of which changes the logits.

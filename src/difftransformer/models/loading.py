@@ -160,8 +160,9 @@ def weight_disagreements(
 
 def _values(tensor: torch.Tensor) -> torch.Tensor:
     """The values ``tensor`` stands for: a quantized weight's (torchao's tensor subclasses, which implement few
-    operators, answer ``dequantize``), any other tensor itself."""
-    if type(tensor) not in (torch.Tensor, nn.Parameter) and callable(getattr(tensor, "dequantize", None)):
+    operators, define their own ``dequantize``), any other tensor itself. Subclasses that keep torch's
+    ``Tensor.dequantize``, DTensor's shards among them, are judged as they are: that method has no sharding rule."""
+    if type(tensor).dequantize is not torch.Tensor.dequantize:
         return tensor.dequantize()
     return tensor
 

@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 7e9743ef94e36059; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 176890fbd293cfba; change the package, not this file.
 """The Differential Transformer's configuration, generated from difftransformer/models/configuration.py and the modules it holds."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 7e9743ef94e36059; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 176890fbd293cfba; change the package, not this file.
 """The Differential Transformer (DIFF V1, DIFF V2), the kinds compared with it (GDA, gated attention, Motif's
 attention) and the matched softmax Transformer as transformers models: their layers and model classes,
 generated from the package's sources named below (documented there)."""

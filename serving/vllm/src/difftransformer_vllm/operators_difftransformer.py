@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 7e9743ef94e36059; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 176890fbd293cfba; change the package, not this file.
 """Differential and softmax attention operators: the float64-exact reference, the SDPA path and the
 dispatcher that picks between them, generated from the package's sources named below."""
 
