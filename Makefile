@@ -35,7 +35,7 @@ $(QUANT_STAMP): pyproject.toml
 	touch $(QUANT_STAMP)
 
 test-quant: $(QUANT_STAMP)
-	$(QUANT_VENV)/bin/python -m pytest -q -p no:cacheprovider -m quant tests/test_quantize.py
+	$(QUANT_VENV)/bin/python -m pytest -q -p no:cacheprovider -m quant tests/test_quantize.py tests/test_lowbit_quant.py
 
 # DIFF and its matched Transformer on the built-in corpus with MQAR and induction rows mixed in (the retrieval
 # preset, one seed: the first seed of make study-retrieval); every evaluation task that fits its 64-token blocks.

@@ -202,9 +202,9 @@ def test_suite_refuses_bad_tasks_and_short_text():
     for text, problem in (("needle,bogus", "unknown bogus"), ("needle,needle", "repeated"), ("", "empty")):
         with pytest.raises(ValueError, match="`tasks` must be distinct") as err:
             parse_tasks(text)
-        assert problem in str(err.value) and "needle, attention, outliers, quant, longctx, icl, mqar" in str(
+        assert problem in str(
             err.value
-        )
+        ) and "needle, attention, outliers, quant, lowbit, longctx, icl, mqar" in str(err.value)
     with pytest.raises(ValueError, match="`samples` must be >= 1; got 0"):
         suite.SuiteSettings(light={"needle": {"samples": 0}})
     texts = synthetic_texts(count=12)

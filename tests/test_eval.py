@@ -21,6 +21,7 @@ from difftransformer.data.needles import NeedleSpec, make_needle_sample
 from difftransformer.eval import haystack, icl, longctx, mqar, needle, outliers, quant
 from difftransformer.eval.attention import AttentionOptions, run_attention
 from difftransformer.eval.common import mean_token_nll
+from difftransformer.eval.magnitudes import RunningStats
 from difftransformer.eval.maps import allocation, attention_maps
 from difftransformer.storage import read_json, write_json
 
@@ -248,7 +249,7 @@ def test_running_stats_finds_planted_outliers_and_median():
     values = torch.randn(200_000, generator=gen) * 3
     planted = torch.tensor([-1000.0, 500.0, 300.0, -250.0])
     values[torch.randperm(values.numel(), generator=gen)[:4]] = planted
-    stats = outliers.RunningStats()
+    stats = RunningStats()
     for chunk in values.split(30_001):  # streamed in uneven chunks
         stats.update(chunk)
     assert stats.top_k(1) == 1000.0 and stats.top_k(2) == 500.0 and stats.top_k(3) == 300.0

@@ -20,6 +20,7 @@ TASK_OPTIONS = {
     "longctx": "--length 64 --num-sequences 2",
     "icl": "--shots 2 --test-size 2 --orderings 2",
     "mqar": "--num-pairs 2,4 --sequences 4",
+    "lowbit": "--length 48 --num-sequences 2 --continuation 16 --kv-caches fp8 --mqar-pairs 2",
 }
 
 

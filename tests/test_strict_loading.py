@@ -240,7 +240,10 @@ def test_sharded_weights_and_quantized_ones_are_judged_by_their_values():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         mesh = init_device_mesh("cpu", (1,))
-        shards = [("w", distribute_tensor(poisoned, mesh, [Shard(0)])), ("b", distribute_tensor(torch.ones(2), mesh))]
+        shards = [
+            ("w", distribute_tensor(poisoned, mesh, [Shard(0)])),
+            ("b", distribute_tensor(torch.ones(2), mesh)),
+        ]
         assert nonfinite_tensors(shards) == ["w"]
     finally:
         dist.destroy_process_group()

@@ -116,25 +116,35 @@ def check_quantizable(config: DiffTransformerConfig, scheme: Scheme) -> None:
             )
 
 
-def _torchao_config(scheme: Scheme, kept: tuple[str, ...]) -> TorchAoConfig:
+def model_full_precision_modules(model: nn.Module) -> tuple[str, ...]:
+    """:func:`full_precision_modules` for any causal LM: ours by its parts, another by its output head and the
+    modules transformers keeps in float32 for it (``_keep_in_fp32_modules``)."""
+    config = getattr(model, "config", None)
+    if isinstance(config, DiffTransformerConfig):
+        return full_precision_modules(config)
+    return ("lm_head", *(getattr(model, "_keep_in_fp32_modules", None) or ()))
+
+
+def _torchao_method(scheme: Scheme):
     from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig, PerGroup
+
+    if scheme.group_size is None:
+        return Int8WeightOnlyConfig()
+    return IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(scheme.group_size))
+
+
+def _torchao_config(scheme: Scheme, kept: tuple[str, ...]) -> TorchAoConfig:
     from transformers import TorchAoConfig
 
-    quantization = (
-        Int8WeightOnlyConfig()
-        if scheme.group_size is None
-        else IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(scheme.group_size))
-    )
     # transformers matches these against parameter names: a pattern, as a bare module name would not match
     return TorchAoConfig(
-        quantization, modules_to_not_convert=[rf"(?:.*\.)?{re.escape(name)}" for name in kept]
+        _torchao_method(scheme), modules_to_not_convert=[rf"(?:.*\.)?{re.escape(name)}" for name in kept]
     )
 
 
-def _w8a8(model: DiffTransformerForCausalLM, kept: tuple[str, ...]) -> Callable[[Path], None]:
-    """Quantize ``model`` in place to compressed-tensors' W8A8 int8, compressed (int8 weights and their scales);
-    returns what writes its configuration into a saved folder's config.json."""
-    from compressed_tensors.compressors import ModelCompressor
+def _apply_w8a8(model: nn.Module, kept: tuple[str, ...]) -> None:
+    """Give ``model``'s linear layers (less ``kept``) compressed-tensors' W8A8 int8 scheme, frozen: each weight's
+    scales are set from its channels, and every forward rounds weights and inputs as the compressed folder does."""
     from compressed_tensors.quantization import (
         QuantizationConfig,
         QuantizationStatus,
@@ -161,9 +171,38 @@ def _w8a8(model: DiffTransformerForCausalLM, kept: tuple[str, ...]) -> Callable[
             module.weight_scale.copy_(scale.to(module.weight_scale.dtype))
             module.weight_zero_point.copy_(zero.to(module.weight_zero_point.dtype))
             module.quantization_status = QuantizationStatus.FROZEN
+
+
+def _w8a8(model: DiffTransformerForCausalLM, kept: tuple[str, ...]) -> Callable[[Path], None]:
+    """Quantize ``model`` in place to compressed-tensors' W8A8 int8, compressed (int8 weights and their scales);
+    returns what writes its configuration into a saved folder's config.json."""
+    from compressed_tensors.compressors import ModelCompressor
+
+    _apply_w8a8(model, kept)
     compressor = ModelCompressor.from_pretrained_model(model, quantization_format="int-quantized")
     compressor.compress_model(model)
     return lambda folder: compressor.update_config(str(folder))
+
+
+def quantize_weights(model: nn.Module, scheme: Scheme) -> tuple[str, ...]:
+    """Quantize any causal LM's linear layers in place, in memory, with the numerics of the folder ``quantize``
+    writes for ``scheme`` (torchao's tensor subclasses; W8A8's frozen rounding of weights and inputs); the modules
+    of :func:`model_full_precision_modules` stay as they are. Returns their names (last component)."""
+    scheme.check_available()
+    kept = model_full_precision_modules(model)
+    if scheme.package == "torchao":
+        from torchao.quantization import quantize_
+
+        quantize_(
+            model,
+            _torchao_method(scheme),
+            filter_fn=lambda module, name: (
+                isinstance(module, nn.Linear) and name.rpartition(".")[2] not in kept
+            ),
+        )
+    else:
+        _apply_w8a8(model, kept)
+    return kept
 
 
 @dataclass

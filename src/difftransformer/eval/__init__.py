@@ -1,6 +1,6 @@
 """The paper's experiments as evaluation tasks that work on any transformers causal LM.
 
-One module per task (needle, attention, outliers, quant, longctx, icl, mqar, and the hallucination package), each
+One module per task (needle, attention, outliers, quant, lowbit, longctx, icl, mqar, and the hallucination package), each
 exporting a ``TASK`` that follows the protocol of :mod:`difftransformer.eval.task`; :mod:`difftransformer.eval.registry`
 lists them (and the tasks other packages register as entry points), ``cli`` is ``difftransformer eval`` and ``suite``
 runs every task with light settings on one model (what ``compare`` does). The tasks are siblings: none imports

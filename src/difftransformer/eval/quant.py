@@ -224,7 +224,7 @@ class QuantTask(Task):
     """Attention-logit quantisation: held-out loss and needle accuracy with fake-quantised attention logits."""
 
     name = "quant"
-    title = "Attention-logit quantisation (quant)"
+    title = "Simulated attention-logit quantisation (quant)"
     help = "attention-logit quantisation: held-out loss and needle accuracy at fewer bits"
     Options = QuantOptions
     # In a comparison the N:R pairs, the context and the digits are the suite's; the answer needle at depth 0.5.
@@ -303,13 +303,13 @@ class QuantTask(Task):
 
     def measures(self, summary: dict) -> list[Measure]:
         widths = sorted(int(k) for k in summary if k != "unquantised")
-        measures = [Measure(f"loss with {widths[0]}-bit attention logits", lambda s: s[str(widths[0])]["loss"],
+        measures = [Measure(f"loss with {widths[0]}-bit attention logits (simulated)", lambda s: s[str(widths[0])]["loss"],
                             False, 3, paper=paper.LOW_BIT)]  # fmt: skip
         checks = dict(self._checks(summary))
         if "needle_accuracy" in checks:
             bits = str(widths[0])
             measures.append(
-                Measure(f"needle accuracy with {bits}-bit attention logits", lambda s: s[bits]["needle_accuracy"],
+                Measure(f"needle accuracy with {bits}-bit attention logits (simulated)", lambda s: s[bits]["needle_accuracy"],
                         True, 2, paper=paper.LOW_BIT,
                         at_chance=lambda s: chance.exact_at_chance(s[bits]["needle_accuracy"]), chance=chance.NEEDLE,
                         interval=lambda s: interval_at(s[bits], "needle_accuracy"))
@@ -318,7 +318,7 @@ class QuantTask(Task):
             # The paper's two widths: where DIFF holds (6) and where both drop (4).
             for bits in [str(b) for b in widths if b in (4, 6)] or [str(widths[0])]:
                 measures.append(
-                    Measure(f"MQAR accuracy with {bits}-bit attention logits (4 pairs)",
+                    Measure(f"MQAR accuracy with {bits}-bit attention logits (simulated, 4 pairs)",
                             lambda s, b=bits: s[b]["mqar_accuracy"], True, 2, paper=paper.LOW_BIT,
                             at_chance=lambda s, b=bits: chance.exact_at_chance(s[b]["mqar_accuracy"]),
                             chance=chance.MQAR, interval=lambda s, b=bits: interval_at(s[b], "mqar_accuracy"))

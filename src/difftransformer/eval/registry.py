@@ -28,6 +28,7 @@ TASKS: tuple[str, ...] = (
     "attention",
     "outliers",
     "quant",
+    "lowbit",
     "longctx",
     "icl",
     "mqar",
