@@ -306,6 +306,18 @@ def test_bfloat16_first_tokens_equal_the_packages(tmp_path, fields):
         assert first[i] == expected[i] == int(logits[i].argmax()), i
 
 
+# What `difftransformer quantize --scheme w8a8` writes into config.json (compressed-tensors 0.20.1), less the
+# modules it names
+W8A8_CONFIG = {
+    "quant_method": "compressed-tensors", "format": "int-quantized", "quantization_status": "compressed",
+    "config_groups": {"group_0": {"targets": ["Linear"], "format": "int-quantized",
+        "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel", "dynamic": False},
+        "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True},
+        "output_activations": None}},
+    "ignore": ["lm_head"], "kv_cache_scheme": None,
+}  # fmt: skip
+
+
 def test_unservable_folders_are_refused_naming_the_setting(tmp_path):
     cases = {
         "head size": (dict(BASE, hidden_size=64, **V2, num_key_value_heads=2), "head_dim = 16"),
@@ -327,11 +339,15 @@ def test_unservable_folders_are_refused_naming_the_setting(tmp_path):
             "tensor_parallel_size=2 must divide num_key_value_heads=1",
         ),
     }
+    cases["quantized"] = (dict(BASE, **V2), "quantization_config (compressed-tensors) cannot be served yet")
     jobs = []
     for name, (fields, _) in cases.items():
         random_model(seed=1, dtype=torch.float32, **fields).save_pretrained(tmp_path / name.replace(" ", "-"))
         jobs.append({"folder": str(tmp_path / name.replace(" ", "-")), "prompts": PROMPTS, "max_tokens": 2,
                      "tensor_parallel_size": 2 if name.startswith("tensor parallel") else 1})  # fmt: skip
+    config = json.loads((tmp_path / "quantized" / "config.json").read_text())
+    config["quantization_config"] = W8A8_CONFIG
+    (tmp_path / "quantized" / "config.json").write_text(json.dumps(config))
     for (name, (_, words)), result in zip(cases.items(), run_vllm(tmp_path, jobs)):
         assert "error" in result, name
         assert words in result["error"], (name, result["error"][-500:])

@@ -96,6 +96,17 @@ def check_servable(
             f"{what} = {config.head_dim} is not a head size this platform's vLLM attention takes; it takes "
             f"{supported_head_sizes}: choose hidden_size / num_attention_heads to match"
         )
+    quantization = getattr(config, "quantization_config", None)
+    if quantization is not None:
+        method = (
+            quantization.get("quant_method", "?")
+            if isinstance(quantization, dict)
+            else type(quantization).__name__
+        )
+        raise ValueError(
+            f"quantization_config ({method}) cannot be served yet: on this plugin vLLM's int8 kernels have not "
+            "reproduced a quantized folder's logits (docs/quantization.md); serve the full-precision folder"
+        )
     kv_heads = config.num_key_value_heads
     if kv_heads % tensor_parallel_size:
         raise ValueError(
