@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-slow test-quant lint demo demo-check study study-scaling study-kinds study-parts study-retrieval study-retrieval-long study-upcycle bench bench-check clean hub test-serving
+.PHONY: test test-slow test-quant lint demo demo-check study study-scaling study-kinds study-parts study-lowbit study-retrieval study-retrieval-long study-upcycle bench bench-check clean hub test-serving
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -113,6 +113,20 @@ study-kinds: $(STAMP)
 		--tasks mqar,quant,outliers --output-dir $(KINDS_RUNS) $(KINDS_ARGS)
 	mkdir -p $(KINDS_REPORT)
 	cp $(KINDS_RUNS)/report.md $(KINDS_RUNS)/report.html $(KINDS_RUNS)/results.json $(KINDS_RUNS)/*.png $(KINDS_REPORT)/
+
+# The low-bit study (docs/results/lowbit): the kinds study's models (the retrieval preset, which learns recall, so
+# MQAR's degradation means something), 3 seeds, each judged by lowbit with every quantizer of the quant extra (fp8
+# and hqq 8- and 4-bit KV caches; int8, int4 and W8A8 weights) beside the simulated logit rounding of quant, in the
+# quant venv (about 1.5 hours on 2 CPU cores).
+LOWBIT_RUNS ?= runs/study-lowbit
+LOWBIT_REPORT ?= docs/results/lowbit
+LOWBIT_ARGS ?=
+study-lowbit: $(QUANT_STAMP)
+	$(QUANT_VENV)/bin/python -m difftransformer compare --preset retrieval \
+		--variants "diff,diff_v2,gda(gda_ratio=3),gated,softmax" --seeds 0,1,2 \
+		--tasks lowbit,quant,outliers --output-dir $(LOWBIT_RUNS) $(LOWBIT_ARGS)
+	mkdir -p $(LOWBIT_REPORT)
+	cp $(LOWBIT_RUNS)/report.md $(LOWBIT_RUNS)/report.html $(LOWBIT_RUNS)/results.json $(LOWBIT_RUNS)/*.png $(LOWBIT_REPORT)/
 
 # The retrieval study of docs/results/retrieval: 2-layer models trained on text with MQAR and induction rows mixed in,
 # DIFF as the paper specifies it, without its per-head norm, DIFF V2 and the Transformer, 3 seeds each (about an
