@@ -101,19 +101,25 @@ def quantized_linears(model: nn.Module, kept: tuple[str, ...]) -> Iterator[tuple
             yield name, module
 
 
+def check_tiles(model: nn.Module, scheme: Scheme, kept: tuple[str, ...], what: str = "scheme") -> None:
+    """Raise ConversionError, naming ``what`` asked for ``scheme``, where its groups do not tile the input width of a
+    linear layer of ``model`` it converts (every one but ``kept``)."""
+    if scheme.group_size is None:
+        return
+    for name, linear in quantized_linears(model, kept):
+        if linear.in_features % scheme.group_size:
+            raise ConversionError(
+                f"`{what}` {scheme.name} quantizes in groups of {scheme.group_size} inputs; {name} takes "
+                f"{linear.in_features}"
+            )
+
+
 def check_quantizable(config: DiffTransformerConfig, scheme: Scheme) -> None:
     """Raise ConversionError, before any weight is read, where ``scheme`` cannot take the shapes of the model
     ``config`` describes (a scheme's groups must tile every input width)."""
-    if scheme.group_size is None:
-        return
     with torch.device("meta"):
         model = DiffTransformerForCausalLM(config)
-    for name, linear in quantized_linears(model, full_precision_modules(config)):
-        if linear.in_features % scheme.group_size:
-            raise ConversionError(
-                f"`scheme` {scheme.name} quantizes in groups of {scheme.group_size} inputs; {name} takes "
-                f"{linear.in_features}"
-            )
+    check_tiles(model, scheme, full_precision_modules(config))
 
 
 def model_full_precision_modules(model: nn.Module) -> tuple[str, ...]:

@@ -184,6 +184,17 @@ def token_stream(tokenizer, texts: Sequence[str], min_tokens: int) -> list[int]:
 
 
 @torch.no_grad()
+def held_out_windows(token_ids: Sequence[int], length: int, count: int) -> torch.Tensor:
+    """The first ``count`` windows of ``length`` tokens of ``token_ids`` as (count, length) ids; a UsageError naming
+    `num_sequences` and `length` where the text is too short."""
+    need = length * count
+    if len(token_ids) < need:
+        raise UsageError(
+            f"held-out text gives {len(token_ids)} tokens; `num_sequences` {count} x `length` {length} are needed"
+        )
+    return torch.tensor(list(token_ids[:need]), dtype=torch.long).view(count, length)
+
+
 def mean_token_nll(model: nn.Module, sequences: torch.Tensor, batch_size: int = 16) -> float:
     """Next-token NLL (nats) averaged over every predicted token of ``sequences`` (n, L), ``batch_size``
     sequences per forward pass (each sequence scores its own L - 1 predictions)."""

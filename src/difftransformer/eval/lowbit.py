@@ -33,11 +33,24 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import DynamicCache, QuantizedCache
 
-from difftransformer.convert.quantize import EXTRA, SCHEMES, model_full_precision_modules, quantize_weights
+from difftransformer.convert.quantize import (
+    EXTRA,
+    SCHEMES,
+    check_tiles,
+    model_full_precision_modules,
+    quantize_weights,
+    quantized_linears,
+)
 from difftransformer.data.mqar import MqarSettings, make_mqar_batch
 from difftransformer.errors import UsageError
 from difftransformer.eval import chance, paper
-from difftransformer.eval.common import check_context_length, fit_length, model_device, token_stream
+from difftransformer.eval.common import (
+    check_context_length,
+    fit_length,
+    held_out_windows,
+    model_device,
+    token_stream,
+)
 from difftransformer.eval.magnitudes import RunningStats
 from difftransformer.eval.options import MOST, at_least, at_most, counts, distinct, option
 from difftransformer.eval.recall import key_vocabulary
@@ -195,18 +208,14 @@ def _mqar_accuracies(model: nn.Module, batch, pairs: int, new_cache: Cache) -> l
 
 
 @torch.no_grad()
-def quantizer_inputs(model: nn.Module, windows: torch.Tensor, kept: Sequence[str]) -> dict:
+def quantizer_inputs(model: nn.Module, windows: torch.Tensor, kept: tuple[str, ...]) -> dict:
     """The outlier ratios (top-1 / median of |x|) of what each quantizer reads, in full precision: the ``keys``
     and ``values`` the cache stores (every layer, every window) and the ``linear_inputs`` of the linear layers a
     weight scheme converts (every one but ``kept``)."""
     stats = {"keys": RunningStats(), "values": RunningStats(), "linear_inputs": RunningStats()}
-    converted = [
-        module for name, module in model.named_modules()
-        if isinstance(module, nn.Linear) and name.rpartition(".")[2] not in kept
-    ]  # fmt: skip
     handles = [
         module.register_forward_pre_hook(lambda _, inputs: stats["linear_inputs"].update(inputs[0]))
-        for module in converted
+        for _, module in quantized_linears(model, kept)
     ]
     try:
         for window in windows:
@@ -245,27 +254,10 @@ def run_lowbit(
     """
     options = options.resolved()
     check_context_length(model, options.length, "`length`")
-    need = options.length * options.num_sequences
-    if len(token_ids) < need:
-        raise UsageError(
-            f"held-out text gives {len(token_ids)} tokens; `num_sequences` {options.num_sequences} x `length` "
-            f"{options.length} are needed"
-        )
+    kept = model_full_precision_modules(model)
     for name in options.weights:
-        if SCHEMES[name].group_size is not None:
-            size = SCHEMES[name].group_size
-            kept = model_full_precision_modules(model)
-            for layer, linear in model.named_modules():
-                if (
-                    isinstance(linear, nn.Linear)
-                    and layer.rpartition(".")[2] not in kept
-                    and linear.in_features % size
-                ):
-                    raise UsageError(f"`weights` {name} quantizes in groups of {size} inputs; {layer} takes "
-                                     f"{linear.in_features}")  # fmt: skip
-    windows = torch.tensor(list(token_ids[:need]), dtype=torch.long).view(
-        options.num_sequences, options.length
-    )
+        check_tiles(model, SCHEMES[name], kept, what="weights")
+    windows = held_out_windows(token_ids, options.length, options.num_sequences)
     batch = None
     if options.mqar_pairs:
         settings = MqarSettings(options.mqar_pairs)
@@ -304,10 +296,9 @@ def run_lowbit(
             new_cache = lambda c=cache: c.cache(model, options.q_group_size)  # noqa: E731
             rows.append(_row(f"kv {name}", "kv cache", *measure(model, new_cache), full))
         steps.update()
-    kept: tuple[str, ...] = model_full_precision_modules(model)
     for name in options.weights:
         quantized = copy.deepcopy(model)
-        kept = quantize_weights(quantized, SCHEMES[name])
+        quantize_weights(quantized, SCHEMES[name])
         rows.append(_row(f"weights {name}", "weights" if name != "w8a8" else "weights and inputs",
                          *measure(quantized, full_cache), full))  # fmt: skip
         del quantized

@@ -26,7 +26,13 @@ from difftransformer.data.mqar import MqarSettings
 from difftransformer.data.needles import encode
 from difftransformer.errors import UsageError
 from difftransformer.eval import chance, paper
-from difftransformer.eval.common import check_context_length, fit_length, mean_token_nll, token_stream
+from difftransformer.eval.common import (
+    check_context_length,
+    fit_length,
+    held_out_windows,
+    mean_token_nll,
+    token_stream,
+)
 from difftransformer.eval.haystack import (
     NeedleGrid,
     accuracy_by_config,
@@ -144,15 +150,7 @@ def run_quant(
     width is measured.
     """
     check_context_length(model, options.length, "`length`")
-    need = options.length * options.num_sequences
-    if len(token_ids) < need:
-        raise UsageError(
-            f"held-out text gives {len(token_ids)} tokens; `num_sequences` {options.num_sequences} x `length` "
-            f"{options.length} are needed"
-        )
-    sequences = torch.tensor(list(token_ids[:need]), dtype=torch.long).view(
-        options.num_sequences, options.length
-    )
+    sequences = held_out_windows(token_ids, options.length, options.num_sequences)
     stream = None
     if haystack_texts is not None and options.needle:
         stream = encode(tokenizer, "\n".join(haystack_texts))
