@@ -11,6 +11,7 @@ different lengths in one batch (continuous batching), prefix caching, bfloat16's
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -339,14 +340,14 @@ def test_unservable_folders_are_refused_naming_the_setting(tmp_path):
             "tensor_parallel_size=2 must divide num_key_value_heads=1",
         ),
     }
-    cases["quantized"] = (dict(BASE, **V2), "quantization_config (compressed-tensors) cannot be served yet")
+    cases["quantized"] = (dict(BASE, **V2), "quant_method='torchao' cannot be served")
     jobs = []
     for name, (fields, _) in cases.items():
         random_model(seed=1, dtype=torch.float32, **fields).save_pretrained(tmp_path / name.replace(" ", "-"))
         jobs.append({"folder": str(tmp_path / name.replace(" ", "-")), "prompts": PROMPTS, "max_tokens": 2,
                      "tensor_parallel_size": 2 if name.startswith("tensor parallel") else 1})  # fmt: skip
     config = json.loads((tmp_path / "quantized" / "config.json").read_text())
-    config["quantization_config"] = W8A8_CONFIG
+    config["quantization_config"] = {"quant_method": "torchao", "quant_type": {}}
     (tmp_path / "quantized" / "config.json").write_text(json.dumps(config))
     for (name, (_, words)), result in zip(cases.items(), run_vllm(tmp_path, jobs)):
         assert "error" in result, name
@@ -473,3 +474,90 @@ def test_vllm_serve_answers_completions_with_the_packages_tokens(tmp_path, field
     tokens = answer["choices"][0]["logprobs"]["tokens"]
     assert [int(token.removeprefix("token_id:")) for token in tokens] == generated.tolist()
     assert tokenizer.decode(generated).startswith(answer["choices"][0]["text"])
+
+
+def cpu_int8_sums_saturate() -> bool:
+    """The plugin's rule (``int8_sums_saturate``): this CPU has no VNNI instructions."""
+    flags = {f for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
+             for f in line.split(":", 1)[1].split()}  # fmt: skip
+    return not flags & {"avx512_vnni", "avx_vnni", "amx_int8"}
+
+
+def w8a8_folder(folder: Path, model: DiffTransformerForCausalLM, levels: int) -> torch.nn.Module:
+    """Save ``model`` in compressed-tensors' W8A8 format, as `difftransformer quantize --scheme w8a8` writes it (int8
+    weights, a scale per output channel; the modules it keeps, full precision), each channel rounded to int8 steps
+    of its largest magnitude over ``levels``. Returns the float64 reference of what vLLM computes from it: those
+    int8 weights times their scales, and each token's inputs to them rounded to int8 steps of its largest magnitude
+    over 127 (vLLM's dynamic per-token rule)."""
+    model.save_pretrained(folder)
+    kept = ("lm_head", *model.config.parts.full_precision)
+    tensors = load_file(folder / "model.safetensors")
+    reference = copy.deepcopy(model).double()
+    ignored = []
+
+    def rounded_inputs(module, args):
+        step = args[0].abs().amax(-1, keepdim=True) / 127
+        return ((args[0] / step).round().clamp(-128, 127) * step,)
+
+    for name, module in reference.named_modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        if name.rpartition(".")[2] in kept:
+            ignored.append(name)
+            continue
+        weight = tensors[f"{name}.weight"].double()
+        scale = weight.abs().amax(1, keepdim=True) / levels
+        integers = (weight / scale).round().clamp(-127, 127)
+        tensors[f"{name}.weight"], tensors[f"{name}.weight_scale"] = integers.to(torch.int8), scale.float()
+        module.weight.data = integers * scale.float().double()
+        module.register_forward_pre_hook(rounded_inputs)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = dict(W8A8_CONFIG, ignore=ignored)
+    (folder / "config.json").write_text(json.dumps(config))
+    return reference.eval()
+
+
+def prompt_logprobs(model: torch.nn.Module, prompt: list[int]) -> list[float]:
+    with torch.no_grad():
+        steps = torch.log_softmax(model(torch.tensor([prompt])).logits[0].double(), dim=-1)
+    return [float(steps[t, prompt[t + 1]]) for t in range(len(prompt) - 1)]
+
+
+W8A8_KINDS = {
+    "v1": V1,
+    "v2": V2,
+    "softmax": SOFTMAX,
+    "gated": GATED,
+    "gda": FOLDERS["gda-r3-interleaved-affine"],
+}
+
+
+def test_w8a8_folders_of_every_kind_serve_their_int8_arithmetic(tmp_path):
+    """vLLM's int8 GEMM on a W8A8 folder computes its int8 weights and per-token int8 inputs exactly (float32
+    against float64, teacher-forced log-probabilities of every prompt token), the per-token lambda's projection in
+    full precision beside them; full-range int8 weights are refused where this CPU's int8 sums would overflow."""
+    jobs, references = [], {}
+    for seed, (name, fields) in enumerate(W8A8_KINDS.items(), start=60):
+        model = random_model(seed=seed, dtype=torch.float32, **BASE, **fields)
+        references[name] = w8a8_folder(tmp_path / name, model, levels=64)
+        jobs.append(
+            {"folder": str(tmp_path / name), "prompts": PROMPTS, "max_tokens": 1, "prompt_logprobs": 0}
+        )
+    full_range = w8a8_folder(
+        tmp_path / "full-range", random_model(seed=70, dtype=torch.float32, **BASE, **V2), 127
+    )
+    jobs.append(
+        {"folder": str(tmp_path / "full-range"), "prompts": PROMPTS, "max_tokens": 1, "prompt_logprobs": 0}
+    )
+    *served, full = run_vllm(tmp_path, jobs)
+    for (name, reference), result in zip([*references.items()], served):
+        assert "rounds" in result, (name, result.get("error", "")[-500:])
+        for prompt, output in zip(PROMPTS, result["rounds"][0]):
+            got = [step[str(token)] for step, token in zip(output["prompt_logprobs"], prompt[1:])]
+            assert got == pytest.approx(prompt_logprobs(reference, prompt), abs=1e-4), name
+    if cpu_int8_sums_saturate():
+        assert "overflow vLLM's int8 GEMM on this CPU, which lacks VNNI" in full["error"], full
+    else:
+        got = [step[str(t)] for step, t in zip(full["rounds"][0][0]["prompt_logprobs"], PROMPTS[0][1:])]
+        assert got == pytest.approx(prompt_logprobs(full_range, PROMPTS[0]), abs=1e-4)

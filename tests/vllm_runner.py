@@ -2,8 +2,9 @@
 vLLM pins an older transformers than the package, so the two never share a process).
 
 Usage: ``python vllm_runner.py JOBS.json RESULTS.json``. JOBS is a list of runs: ``{"folder", "prompts" (lists of
-token ids), "max_tokens", "logprobs" (top-k), "dtype", "prefix_caching"}``. RESULTS holds, per run, each prompt's
-generated ids and each step's top-k ``{id: logprob}``, or the error vLLM raised (``{"error": "Type: message"}``).
+token ids), "max_tokens", "logprobs" (top-k), "prompt_logprobs" (top-k of every prompt position), "dtype",
+"prefix_caching"}``. RESULTS holds, per run, each prompt's generated ids, each step's top-k ``{id: logprob}`` and, when
+asked, each prompt position's after the first, or the error vLLM raised (``{"error": "Type: message"}``).
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), one engine at a time.
 """
 
@@ -34,7 +35,12 @@ def run(job: dict) -> dict:
         )
     except Exception as error:  # noqa: BLE001 - the test reads the refusal
         return {"error": f"{type(error).__name__}: {error}"}
-    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], logprobs=job.get("logprobs", 0))
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=job["max_tokens"],
+        logprobs=job.get("logprobs", 0),
+        prompt_logprobs=job.get("prompt_logprobs"),
+    )
     rounds = []
     for _ in range(job.get("rounds", 1)):  # a second round reads the first one's cached prefixes
         outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]], params)
@@ -45,6 +51,10 @@ def run(job: dict) -> dict:
                     "logprobs": [
                         {str(token): entry.logprob for token, entry in step.items()}
                         for step in (output.outputs[0].logprobs or [])
+                    ],
+                    "prompt_logprobs": [
+                        {str(token): entry.logprob for token, entry in step.items()}
+                        for step in (output.prompt_logprobs or [])[1:]
                     ],
                 }
                 for output in outputs

@@ -28,7 +28,7 @@ class ServableCheck:
 
     @staticmethod
     def verify_and_update_config(vllm_config) -> None:
-        from difftransformer_vllm.model import check_servable, platform_head_sizes
+        from difftransformer_vllm.model import check_int8_range, check_servable, platform_head_sizes
 
         model = vllm_config.model_config
         try:
@@ -39,6 +39,8 @@ class ServableCheck:
                 platform_head_sizes(),
             )
             check_folder(model.model)
+            if getattr(model.hf_config, "quantization_config", None) is not None:
+                check_int8_range(model.model)
         except ValueError as refusal:
             raise UnservableModel(str(refusal)) from None
 

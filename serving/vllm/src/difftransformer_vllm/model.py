@@ -28,9 +28,12 @@ folders too). Every layer is tensor-parallel (columns of whole groups of heads, 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from torch import nn
 from transformers import PretrainedConfig
 from vllm.config import VllmConfig
@@ -38,6 +41,7 @@ from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
+    ColumnParallelLinear,
     MergedColumnParallelLinear,
     RowParallelLinear,
 )
@@ -52,6 +56,8 @@ from vllm.platforms import current_platform
 # The RoPE types vLLM computes as transformers does for every position (docs/serving.md): "dynamic" is left out,
 # because vLLM scales its base from the first position where transformers scales only past the trained length.
 ROPE_TYPES = ("default", "linear", "yarn", "longrope", "llama3")
+# The largest int8 weight whose products with u8 inputs (up to 255) pair-sum within int16: 2 x 255 x 64 < 2^15.
+SATURATION_FREE = 64
 # (weight name in the folder, the fused vLLM parameter it is a shard of, the shard): the MLP's; each attention
 # layout lists its own (``stacked_weights``).
 MLP_STACKED = ((".gate_proj", ".gate_up_proj", 0), (".up_proj", ".gate_up_proj", 1))
@@ -97,21 +103,54 @@ def check_servable(
             f"{supported_head_sizes}: choose hidden_size / num_attention_heads to match"
         )
     quantization = getattr(config, "quantization_config", None)
-    if quantization is not None:
-        method = (
-            quantization.get("quant_method", "?")
-            if isinstance(quantization, dict)
-            else type(quantization).__name__
-        )
+    method = (quantization or {}).get("quant_method") if isinstance(quantization, dict) else quantization
+    if quantization is not None and method != "compressed-tensors":
         raise ValueError(
-            f"quantization_config ({method}) cannot be served yet: on this plugin vLLM's int8 kernels have not "
-            "reproduced a quantized folder's logits (docs/quantization.md); serve the full-precision folder"
+            f"quantization_config quant_method={method!r} cannot be served; quantized folders are served in "
+            "compressed-tensors' format (`difftransformer quantize --scheme w8a8`)"
         )
     kv_heads = config.num_key_value_heads
     if kv_heads % tensor_parallel_size:
         raise ValueError(
             f"tensor_parallel_size={tensor_parallel_size} must divide num_key_value_heads={kv_heads}, so that each "
             "GPU holds whole KV heads (and, for DIFF, whole pairs of maps); use a divisor of it"
+        )
+
+
+def int8_sums_saturate() -> bool:
+    """Whether vLLM's int8 GEMM here can overflow: on a CPU without VNNI instructions (AVX-512 VNNI, AVX-VNNI or AMX)
+    oneDNN sums each pair of u8 x s8 products (the inputs shifted to u8) in int16, which weights beyond
+    :data:`SATURATION_FREE` can exceed."""
+    if not current_platform.is_cpu():
+        return False
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            flags = {
+                flag for line in cpuinfo if line.startswith("flags") for flag in line.split(":", 1)[1].split()
+            }
+    except OSError:
+        return True
+    return not flags & {"avx512_vnni", "avx_vnni", "amx_int8"}
+
+
+def check_int8_range(folder: str) -> None:
+    """Raise ValueError, one line, where the int8 weights of the quantized folder ``folder`` reach beyond
+    :data:`SATURATION_FREE` on a machine whose int8 sums saturate (:func:`int8_sums_saturate`): vLLM would answer
+    with overflowed sums."""
+    if not os.path.isdir(folder) or not int8_sums_saturate():
+        return
+    largest, where = 0, ""
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as weights:
+            for name in weights.keys():
+                tensor = weights.get_tensor(name)
+                if tensor.dtype == torch.int8 and (top := int(tensor.abs().max())) > largest:
+                    largest, where = top, name
+    if largest > SATURATION_FREE:
+        raise ValueError(
+            f"int8 weights up to {largest} ({where}) overflow vLLM's int8 GEMM on this CPU, which lacks VNNI "
+            f"(AVX-512 VNNI, AVX-VNNI or AMX) and sums exactly only weights within +-{SATURATION_FREE}; serve the "
+            "folder on a CPU with VNNI or a GPU, or serve the full-precision folder"
         )
 
 
@@ -160,17 +199,27 @@ class PartsAttention(nn.Module):
         self.kv_size = config.num_key_value_heads * config.head_dim // tp_size
         self.q_size = self.groups * (self.blocks * self.d + self.gate)
         self.token_lambda = parts.lambda_mode == "token"
-        sizes = [self.q_size * tp_size, self.kv_size * tp_size, self.kv_size * tp_size]
+        quant_config = vllm_config.quant_config
+        # vLLM quantizes every shard of a fused layer alike, so a quantized folder's lambda_proj, which stays in full
+        # precision (docs/quantization.md), is a layer of its own; otherwise it is fused with q/k/v
+        self.own_lambda = self.token_lambda and quant_config is not None
+        fused_lambda = [config.num_attention_heads] if self.token_lambda and not self.own_lambda else []
         self.qkv_proj = MergedColumnParallelLinear(
             config.hidden_size,
-            sizes + ([config.num_attention_heads] if self.token_lambda else []),
+            [self.q_size * tp_size, self.kv_size * tp_size, self.kv_size * tp_size] + fused_lambda,
             bias=False,
+            quant_config=quant_config,
             prefix=f"{prefix}.qkv_proj",
         )
+        if self.own_lambda:
+            self.lambda_proj = ColumnParallelLinear(
+                config.hidden_size, config.num_attention_heads, bias=False, prefix=f"{prefix}.lambda_proj"
+            )
         self.o_proj = RowParallelLinear(
             config.num_attention_heads * config.head_dim,
             config.hidden_size,
             bias=False,
+            quant_config=quant_config,
             prefix=f"{prefix}.o_proj",
         )
         self.rotary_emb = get_rope(
@@ -203,15 +252,19 @@ class PartsAttention(nn.Module):
     def stacked_weights(self) -> tuple[tuple[str, str, int], ...]:
         """(folder name, fused parameter, shard) of the fused projection."""
         shards = [(".q_proj", ".qkv_proj", 0), (".k_proj", ".qkv_proj", 1), (".v_proj", ".qkv_proj", 2)]
-        return tuple(shards + ([(".lambda_proj", ".qkv_proj", 3)] if self.token_lambda else []))
+        fused_lambda = self.token_lambda and not self.own_lambda
+        return tuple(shards + ([(".lambda_proj", ".qkv_proj", 3)] if fused_lambda else []))
 
     def project(self, positions: torch.Tensor, hidden_states: torch.Tensor):
         """The rotated queries (T, n blocks d), k (T, kv) rotated, v, the gate (T, n, G, width) or None and the
         per-token lambda's logits (T, h) or None."""
         projected, _ = self.qkv_proj(hidden_states)
+        fused_lambda = self.token_lambda and not self.own_lambda
         q, k, v, *lambdas = projected.split(
-            [self.q_size, self.kv_size, self.kv_size] + ([self.heads] if self.token_lambda else []), dim=-1
+            [self.q_size, self.kv_size, self.kv_size] + ([self.heads] if fused_lambda else []), dim=-1
         )
+        if self.own_lambda:
+            lambdas = [self.lambda_proj(hidden_states)[0]]
         groups = q.view(-1, self.groups, self.blocks * self.d + self.gate)
         queries, gate = groups.split([self.blocks * self.d, self.gate], dim=-1)
         rotated = self.rotary_emb(positions, queries.reshape(-1, self.groups * self.blocks * self.d), k)
