@@ -4,6 +4,8 @@ bad requests are refused before any work. (tests/test_lowbit_quant.py runs hqq a
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -158,3 +160,16 @@ def test_missing_packages_and_untileable_widths_are_refused_before_any_work(monk
     with pytest.raises(UsageError, match=r"`weights` int4 quantizes in groups of 32 inputs; model\.layers\.0\.\S+ "
                        r"takes \d+"):  # fmt: skip
         lowbit.run_lowbit(model, None, ids, options, progress=False)
+
+
+def test_hqq_groups_tile_one_tokens_keys_and_values_of_every_layer():
+    unset = lowbit.LowbitOptions(length=LENGTH, continuation=CONTINUATION)
+    assert lowbit.hqq_group_size(unset, {144}) == 16 and lowbit.hqq_group_size(unset, {128, 256}) == 64
+    assert lowbit.hqq_group_size(unset, {96, 40}) == 8
+    model = random_model(seed=8, dtype=torch.float32, **KIND_FIELDS["diff"])
+    assert lowbit.cached_widths(model, torch.tensor(3)) == {
+        model.config.num_key_value_heads * model.config.head_dim
+    }
+    with pytest.raises(UsageError, match=r"`q_group_size` must divide the values one token takes in each layer's "
+                       r"cache, \[144\]; got 64"):  # fmt: skip
+        lowbit.hqq_group_size(dataclasses.replace(unset, q_group_size=64), {144})

@@ -114,7 +114,9 @@ class LowbitOptions:
                                          "each one whose package is installed; hqq needs hqq)")  # fmt: skip
     weights: list[str] | None = option(None, f"weight schemes among {', '.join(SCHEMES)}, or none (unset: each "
                                        "one whose package is installed)")  # fmt: skip
-    q_group_size: int = option(64, "values per scale and zero point of the hqq caches")
+    q_group_size: int | None = option(None, "values per scale and zero point of the hqq caches; it must divide one "
+                                      "token's keys and values of a layer (unset: the largest of 64, 32, 16, 8, 4, 2, "
+                                      "1 that does)")  # fmt: skip
     mqar_pairs: int = option(0, f"key-value pairs of an MQAR check, {MQAR_SEQUENCES} sequences (0 skips it)")
     seed: int = option(0, "MQAR draws")
 
@@ -164,6 +166,30 @@ class LowbitOptions:
                 f"no quantizer to run: `kv_caches` {options.kv_caches}, `weights` {options.weights}"
             )
         return options
+
+
+@torch.no_grad()
+def cached_widths(model: nn.Module, token: torch.Tensor) -> set[int]:
+    """The numbers of values one token's keys, and its values, take in each layer's cache (every KV head)."""
+    cache = DynamicCache(config=model.config)
+    model(input_ids=token.view(1, 1).to(model_device(model)), past_key_values=cache, use_cache=True)
+    return {
+        tensor.shape[1] * tensor.shape[-1] for layer in cache.layers for tensor in (layer.keys, layer.values)
+    }
+
+
+def hqq_group_size(options: LowbitOptions, widths: set[int]) -> int:
+    """``options.q_group_size``, or where unset the largest power of two up to 64 dividing every one of ``widths``;
+    a UsageError for a given size that does not divide them (HQQ groups a cache tensor's values in order, so a
+    group must tile each token's)."""
+    if options.q_group_size is None:
+        return next(size for size in (64, 32, 16, 8, 4, 2, 1) if all(width % size == 0 for width in widths))
+    if any(width % options.q_group_size for width in widths):
+        raise UsageError(
+            f"`q_group_size` must divide the values one token takes in each layer's cache, {sorted(widths)}; got "
+            f"{options.q_group_size}"
+        )
+    return options.q_group_size
 
 
 def windowed_layers(model: nn.Module) -> list[int]:
@@ -258,6 +284,7 @@ def run_lowbit(
     for name in options.weights:
         check_tiles(model, SCHEMES[name], kept, what="weights")
     windows = held_out_windows(token_ids, options.length, options.num_sequences)
+    group_size = hqq_group_size(options, cached_widths(model, windows[0, 0]))
     batch = None
     if options.mqar_pairs:
         settings = MqarSettings(options.mqar_pairs)
@@ -293,7 +320,7 @@ def run_lowbit(
                 "windows")))  # fmt: skip
         else:
             cache = KV_CACHES[name]
-            new_cache = lambda c=cache: c.cache(model, options.q_group_size)  # noqa: E731
+            new_cache = lambda c=cache: c.cache(model, group_size)  # noqa: E731
             rows.append(_row(f"kv {name}", "kv cache", *measure(model, new_cache), full))
         steps.update()
     for name in options.weights:
@@ -308,7 +335,7 @@ def run_lowbit(
     model.train(was_training)
     results = dict(
         task="lowbit", length=options.length, num_sequences=options.num_sequences, continuation=options.continuation,
-        q_group_size=options.q_group_size, mqar_pairs=options.mqar_pairs, kv_caches=options.kv_caches,
+        q_group_size=group_size, mqar_pairs=options.mqar_pairs, kv_caches=options.kv_caches,
         weights=options.weights, full_precision=list(kept),
         outliers=inputs, rows=rows,
     )  # fmt: skip
