@@ -114,19 +114,22 @@ study-kinds: $(STAMP)
 	mkdir -p $(KINDS_REPORT)
 	cp $(KINDS_RUNS)/report.md $(KINDS_RUNS)/report.html $(KINDS_RUNS)/results.json $(KINDS_RUNS)/*.png $(KINDS_REPORT)/
 
-# The low-bit study (docs/results/lowbit): the kinds study's models (the retrieval preset, which learns recall, so
-# MQAR's degradation means something), 3 seeds, each judged by lowbit with every quantizer of the quant extra (fp8
-# and hqq 8- and 4-bit KV caches; int8, int4 and W8A8 weights) beside the simulated logit rounding of quant, in the
-# quant venv (about 1.5 hours on 2 CPU cores).
-LOWBIT_RUNS ?= runs/study-lowbit
+# The low-bit study (docs/results/lowbit): lowbit, with every quantizer of the quant extra, on the parts study's
+# trained models (make study-parts first): the scaling preset's width-96 and -144 arms, and the retrieval-long arms,
+# which learn recall, so MQAR's degradation means something; 3 seeds. lowbit joins each comparison's tasks: compare
+# reuses every trained run and earlier result and runs only lowbit, in the quant venv.
 LOWBIT_REPORT ?= docs/results/lowbit
-LOWBIT_ARGS ?=
 study-lowbit: $(QUANT_STAMP)
-	$(QUANT_VENV)/bin/python -m difftransformer compare --preset retrieval \
-		--variants "diff,diff_v2,gda(gda_ratio=3),gated,softmax" --seeds 0,1,2 \
-		--tasks lowbit,quant,outliers --output-dir $(LOWBIT_RUNS) $(LOWBIT_ARGS)
-	mkdir -p $(LOWBIT_REPORT)
-	cp $(LOWBIT_RUNS)/report.md $(LOWBIT_RUNS)/report.html $(LOWBIT_RUNS)/results.json $(LOWBIT_RUNS)/*.png $(LOWBIT_REPORT)/
+	$(QUANT_VENV)/bin/python -m difftransformer compare --preset scaling --sizes 96,144 --tokens-per-parameter 10 \
+		--variants "$(PARTS_VARIANTS)" --seeds 0,1,2 --learning-rates 1e-3,3e-3,1e-2 \
+		--tasks outliers,quant,longctx,lowbit --output-dir $(PARTS_RUNS) $(PARTS_ARGS)
+	$(QUANT_VENV)/bin/python -m difftransformer compare --preset retrieval-long --variants "$(PARTS_RECALL_VARIANTS)" \
+		--seeds 0,1,2 --learning-rates 1e-3,3e-3,1e-2 --rate-choice learned_recall --tasks mqar,lowbit \
+		--output-dir $(PARTS_RUNS)-recall $(PARTS_ARGS)
+	mkdir -p $(LOWBIT_REPORT)/recall
+	cp $(PARTS_RUNS)/report.md $(PARTS_RUNS)/report.html $(PARTS_RUNS)/results.json $(PARTS_RUNS)/*.png $(LOWBIT_REPORT)/
+	cp $(PARTS_RUNS)-recall/report.md $(PARTS_RUNS)-recall/report.html $(PARTS_RUNS)-recall/results.json \
+		$(PARTS_RUNS)-recall/*.png $(LOWBIT_REPORT)/recall/
 
 # The retrieval study of docs/results/retrieval: 2-layer models trained on text with MQAR and induction rows mixed in,
 # DIFF as the paper specifies it, without its per-head norm, DIFF V2 and the Transformer, 3 seeds each (about an

@@ -5,6 +5,7 @@ bad requests are refused before any work. (tests/test_lowbit_quant.py runs hqq a
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -125,7 +126,7 @@ def test_a_model_with_sliding_windows_records_the_kv_caches_as_skipped():
 @pytest.mark.parametrize(
     ("fields", "says"),
     [
-        (dict(kv_caches=["fp4"]), r"`kv_caches` must be among fp8, hqq-8, hqq-4; got fp4"),
+        (dict(kv_caches=["fp4"]), r"`kv_caches` must be among fp8, hqq-8, hqq-4, hqq-3, hqq-2; got fp4"),
         (dict(weights=["int2"]), r"`weights` must be among int8, int4, w8a8; got int2"),
         (
             dict(continuation=39),
@@ -141,7 +142,7 @@ def test_bad_options_are_refused_naming_the_field(fields, says):
         lowbit.LowbitOptions(**{"length": LENGTH, "continuation": CONTINUATION, **fields})
 
 
-def test_missing_packages_and_untileable_widths_are_refused_before_any_work(monkeypatch):
+def test_missing_packages_are_refused_before_any_work_and_untileable_schemes_skipped(monkeypatch):
     model = random_model(seed=7, dtype=torch.float32, **KIND_FIELDS["softmax"])
     ids = windows(model).reshape(-1).tolist()
     options = lowbit.LowbitOptions(length=LENGTH, num_sequences=3, continuation=CONTINUATION, kv_caches=["hqq-4"],
@@ -156,10 +157,16 @@ def test_missing_packages_and_untileable_widths_are_refused_before_any_work(monk
         UsageError, match=r"`continuation` must be < 127 with `kv_caches` hqq-4, whose newest 128"
     ):
         lowbit.LowbitOptions(length=512, continuation=127, kv_caches=["hqq-4"]).resolved()
-    monkeypatch.setattr(lowbit, "_installed", lambda package: True)
-    with pytest.raises(UsageError, match=r"`weights` int4 quantizes in groups of 32 inputs; model\.layers\.0\.\S+ "
-                       r"takes \d+"):  # fmt: skip
-        lowbit.run_lowbit(model, None, ids, options, progress=False)
+    monkeypatch.undo()
+    monkeypatch.setattr(
+        lowbit, "_installed", lambda package: True
+    )  # int4 is skipped before torchao is imported
+    results = lowbit.run_lowbit(
+        model, None, ids, dataclasses.replace(options, kv_caches=["fp8"]), progress=False
+    )
+    assert re.fullmatch(r"int4 quantizes in groups of 32 inputs; model\.layers\.0\.\S+ takes \d+",
+                        results["rows"][-1]["skipped"])  # fmt: skip
+    assert lowbit.TASK.summarise(results)["fewest_bits"] == {"kv hqq": None, "weights": None}
 
 
 def test_hqq_groups_tile_one_tokens_keys_and_values_of_every_layer():

@@ -84,7 +84,11 @@ KV_CACHES = {
     "fp8": CacheQuantizer("fp8", None, None),
     "hqq-8": CacheQuantizer("hqq", 8, "hqq"),
     "hqq-4": CacheQuantizer("hqq", 4, "hqq"),
+    "hqq-3": CacheQuantizer("hqq", 3, "hqq"),
+    "hqq-2": CacheQuantizer("hqq", 2, "hqq"),
 }
+# The loss increase a quantizer may cost for its width to count as held (the study's floor: the fewest bits held)
+HELD_NATS = 0.05
 MQAR_SEQUENCES = 64  # MQAR sequences scored by every quantizer
 # transformers' QuantizedLayer keeps up to this many newest tokens in full precision (its default residual_length):
 # one pass over a shorter continuation is decoding it token by token
@@ -275,14 +279,19 @@ def run_lowbit(
     """Full precision, then each of ``options``' KV caches and weight schemes, on the same held-out windows of
     ``token_ids`` (and MQAR sequences, with ``options.mqar_pairs``); every request is checked before any work.
 
-    A KV cache on a model with sliding-window layers, which transformers' QuantizedCache refuses, is recorded as
-    ``skipped`` with the reason; every other refusal is a UsageError naming the option.
+    A quantizer the model's shapes cannot take is recorded as ``skipped`` with the reason: a KV cache on a model with
+    sliding-window layers (transformers' QuantizedCache holds full attention only), a weight scheme whose groups do
+    not tile a layer's inputs; every other refusal is a UsageError naming the option.
     """
     options = options.resolved()
     check_context_length(model, options.length, "`length`")
     kept = model_full_precision_modules(model)
+    untileable = {}
     for name in options.weights:
-        check_tiles(model, SCHEMES[name], kept, what="weights")
+        try:
+            check_tiles(model, SCHEMES[name], kept, what="weights")
+        except UsageError as refusal:
+            untileable[name] = str(refusal).partition(" ")[2]
     windows = held_out_windows(token_ids, options.length, options.num_sequences)
     group_size = hqq_group_size(options, cached_widths(model, windows[0, 0]))
     batch = None
@@ -324,10 +333,14 @@ def run_lowbit(
             rows.append(_row(f"kv {name}", "kv cache", *measure(model, new_cache), full))
         steps.update()
     for name in options.weights:
+        target = "weights" if name != "w8a8" else "weights and inputs"
+        if name in untileable:
+            rows.append(dict(quantizer=f"weights {name}", target=target, skipped=untileable[name]))
+            steps.update()
+            continue
         quantized = copy.deepcopy(model)
         quantize_weights(quantized, SCHEMES[name])
-        rows.append(_row(f"weights {name}", "weights" if name != "w8a8" else "weights and inputs",
-                         *measure(quantized, full_cache), full))  # fmt: skip
+        rows.append(_row(f"weights {name}", target, *measure(quantized, full_cache), full))
         del quantized
         steps.update()
     steps.close()
@@ -343,6 +356,24 @@ def run_lowbit(
         write_json(f"{output_dir}/lowbit.json", results)
         plot_lowbit(rows, f"{output_dir}/lowbit.png")
     return results
+
+
+# Each family of quantizers a width is read from: its rows' names and their bits
+FAMILIES = {
+    "kv hqq": {f"kv {name}": cache.bits for name, cache in KV_CACHES.items() if cache.backend == "hqq"},
+    "weights": {"weights int8": 8, "weights int4": 4},
+}
+
+
+def fewest_bits_held(rows: list[dict]) -> dict[str, int | None]:
+    """Per family of :data:`FAMILIES`, the fewest bits among its measured rows whose loss rises by at most
+    :data:`HELD_NATS`; None where none does or none was measured."""
+    held = {}
+    for family, widths in FAMILIES.items():
+        bits = [widths[row["quantizer"]] for row in rows
+                if row["quantizer"] in widths and row.get("loss_increase", HELD_NATS + 1) <= HELD_NATS]  # fmt: skip
+        held[family] = min(bits, default=None)
+    return held
 
 
 def plot_lowbit(rows: list[dict], path) -> None:
@@ -415,6 +446,7 @@ class LowbitTask(Task):
                 for row in quantized
             },
             outliers=results["outliers"],
+            fewest_bits=fewest_bits_held(quantized),
         )  # fmt: skip
 
     @staticmethod
@@ -432,6 +464,8 @@ class LowbitTask(Task):
             columns += [Column(f"mqar Δ{q}", row.get("mqar_change", nan), 2)
                         for q, row in summary["quantizers"].items()]  # fmt: skip
         columns += [Column(f"{name} top-1/median", ratio, 1) for name, ratio in summary["outliers"].items()]
+        for family, bits in summary.get("fewest_bits", {}).items():
+            columns.append(Column(f"{family} fewest bits held", float("nan") if bits is None else bits, 0))
         return columns
 
     def describe(self, options: dict) -> str:
@@ -445,7 +479,8 @@ class LowbitTask(Task):
             "'loss +X' is X's loss minus full precision's and 'mqar ΔX' its accuracy change, paired on the same "
             "windows and sequences: lower loss increases and smaller accuracy drops are better. The top-1/median "
             "columns are the outlier ratios, in full precision, of what the quantizers read: keys, values, and the "
-            "inputs of the linear layers."
+            f"inputs of the linear layers. 'fewest bits held' is the narrowest hqq cache, and weight scheme, whose "
+            f"loss rises by at most {HELD_NATS} nats. A quantizer the model's shapes cannot take is skipped (no value)."
         )
 
     def chart(self, summary: dict) -> Chart:
