@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 from difftransformer.convert import quantize
 from difftransformer.convert.folders import save_converted
 from difftransformer.eval import lowbit
+from difftransformer.models import quantization
 from helpers import random_model
 from kind_table import KIND_FIELDS
 
@@ -23,16 +24,16 @@ pytestmark = pytest.mark.quant  # `make test-quant`: a venv with the quant extra
 WIDE = dict(hidden_size=64, intermediate_size=64)
 
 
-@pytest.mark.parametrize("scheme", list(quantize.SCHEMES))
+@pytest.mark.parametrize("scheme", list(quantization.SCHEMES))
 @pytest.mark.parametrize("kind", ["diff", "diff_v2", "softmax"])
 def test_the_in_memory_schemes_compute_the_quantized_folders_logits(tmp_path, kind, scheme):
     model = random_model(seed=3, dtype=torch.float32, **{**KIND_FIELDS[kind], **WIDE})
     model.save_pretrained(tmp_path / "source")
-    written = quantize.quantize_folder(tmp_path / "source", quantize.SCHEMES[scheme])
+    written = quantize.quantize_folder(tmp_path / "source", quantization.SCHEMES[scheme])
     save_converted(written.model, tmp_path / "source", tmp_path / "q", finish=written.finish)
     in_memory = copy.deepcopy(model)
-    kept = quantize.quantize_weights(in_memory, quantize.SCHEMES[scheme])
-    assert kept == quantize.full_precision_modules(model.config)
+    kept = quantization.quantize_weights(in_memory, quantization.SCHEMES[scheme])
+    assert kept == quantization.full_precision_modules(model.config)
     ids = torch.randint(0, 97, (2, 13), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         got = in_memory(ids).logits
@@ -49,10 +50,10 @@ def test_every_quantizer_runs_and_leaves_the_model_it_measures_unchanged(kind):
     ids = torch.randint(0, 97, (3 * 40,), generator=torch.Generator().manual_seed(5)).tolist()
     options = lowbit.LowbitOptions(length=40, num_sequences=3, continuation=12, q_group_size=16, mqar_pairs=3)
     results = lowbit.run_lowbit(model, None, ids, options, progress=False)
-    assert results["kv_caches"] == list(lowbit.KV_CACHES) and results["weights"] == list(quantize.SCHEMES)
+    assert results["kv_caches"] == list(lowbit.KV_CACHES) and results["weights"] == list(quantization.SCHEMES)
     full, *rows = results["rows"]
     assert [row["quantizer"] for row in rows] == [f"kv {n}" for n in lowbit.KV_CACHES] + [
-        f"weights {n}" for n in quantize.SCHEMES
+        f"weights {n}" for n in quantization.SCHEMES
     ]
     for row in rows:
         assert math.isfinite(row["loss"]) and row["loss"] != full["loss"], row["quantizer"]

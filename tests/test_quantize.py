@@ -15,13 +15,14 @@ import difftransformer  # noqa: F401  (registers the Auto classes)
 from difftransformer.cli import main
 from difftransformer.convert import quantize
 from difftransformer.convert.folders import ConversionError, save_converted
+from difftransformer.models import quantization
 from difftransformer.models.loading import nonfinite_tensors
 from helpers import random_model
 from kind_table import KIND_FIELDS
 
 pytestmark = pytest.mark.quant  # `make test-quant`: a venv with the quant extra
 
-SCHEMES = tuple(quantize.SCHEMES)
+SCHEMES = tuple(quantization.SCHEMES)
 # int4's groups of 32 inputs tile every layer of the table's models with a 64-wide MLP
 WIDE_MLP = dict(intermediate_size=64)
 
@@ -37,11 +38,11 @@ def saved(tmp_path, kind: str, **fields):
 def test_every_scheme_writes_a_folder_that_loads_strictly_with_the_quantized_logits(tmp_path, kind, scheme):
     model, source = saved(tmp_path, kind)
     try:
-        quantize.check_quantizable(model.config, quantize.SCHEMES[scheme])
+        quantize.check_quantizable(model.config, quantization.SCHEMES[scheme])
     except ConversionError as refusal:  # int4's groups do not tile this kind's shapes at d_model 32
         assert scheme == "int4" and "quantizes in groups of 32 inputs" in str(refusal)
         return
-    result = quantize.quantize_folder(source, quantize.SCHEMES[scheme])
+    result = quantize.quantize_folder(source, quantization.SCHEMES[scheme])
     save_converted(result.model, source, tmp_path / "q", finish=result.finish)
     quantized = result.model
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "q")  # strict: names, shapes, finite values
@@ -51,7 +52,7 @@ def test_every_scheme_writes_a_folder_that_loads_strictly_with_the_quantized_log
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert not torch.equal(got, full)  # the weights did change
     record = json.loads((tmp_path / "q" / quantize.QUANTIZATION_JSON).read_text())
-    kept = quantize.full_precision_modules(model.config)
+    kept = quantization.full_precision_modules(model.config)
     assert record["scheme"] == scheme and "lm_head" in record["full_precision"]
     for name, module in loaded.named_modules():
         if isinstance(module, torch.nn.Linear) and name.rpartition(".")[2] in kept:

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Literal
 
 from difftransformer.convert.folders import check_output, model_type, save_converted
-from difftransformer.convert.quantize import QUANTIZATION_JSON, SCHEMES, quantize_folder
+from difftransformer.convert.quantize import QUANTIZATION_JSON, quantize_folder
 from difftransformer.errors import UsageError
 from difftransformer.flags import add_flags, given
+from difftransformer.models.quantization import SCHEMES
 from difftransformer.storage import check_input_dir, check_output_dir
 
 

@@ -33,14 +33,6 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import DynamicCache, QuantizedCache
 
-from difftransformer.convert.quantize import (
-    EXTRA,
-    SCHEMES,
-    check_tiles,
-    model_full_precision_modules,
-    quantize_weights,
-    quantized_linears,
-)
 from difftransformer.data.mqar import MqarSettings, make_mqar_batch
 from difftransformer.errors import UsageError
 from difftransformer.eval import chance, paper
@@ -55,6 +47,14 @@ from difftransformer.eval.magnitudes import RunningStats
 from difftransformer.eval.options import MOST, at_least, at_most, counts, distinct, option
 from difftransformer.eval.recall import key_vocabulary
 from difftransformer.eval.task import Chart, Column, Measure, Panel, SuiteContext, Task, interval_at
+from difftransformer.models.quantization import (
+    EXTRA,
+    SCHEMES,
+    check_tiles,
+    model_full_precision_modules,
+    quantize_weights,
+    quantized_linears,
+)
 from difftransformer.plotting import pyplot, save_figure
 from difftransformer.stats import mean, paired_interval
 from difftransformer.storage import write_json
