@@ -133,7 +133,7 @@ def test_a_model_with_sliding_windows_records_the_kv_caches_as_skipped():
             r"`continuation` must leave a prompt in the window: at most `length` - 2 = 38",
         ),
         (dict(kv_caches=["none"], weights=["none"]), r"both none"),
-        (dict(num_sequences=1), r"`num_sequences` must be >= 2"),
+        (dict(num_sequences=0), r"`num_sequences` must be >= 1"),
         (dict(kv_caches=["fp8", "fp8"]), r"`kv_caches`"),
     ],
 )

@@ -110,7 +110,9 @@ class LowbitOptions:
     """lowbit's settings (``difftransformer eval lowbit`` flags)."""
 
     length: int = option(512, "held-out window length in tokens")
-    num_sequences: int = option(16, "held-out windows (each quantizer's degradation is paired over them)")
+    num_sequences: int = option(
+        16, "held-out windows (each quantizer's degradation is paired over them; its interval needs two)"
+    )
     continuation: int = option(
         64, "tokens at each window's end predicted while the rest is read from the cache"
     )
@@ -126,7 +128,6 @@ class LowbitOptions:
 
     def __post_init__(self) -> None:
         counts(self, "length", "num_sequences", "continuation", "q_group_size")
-        at_least(self, 2, "num_sequences")  # a paired interval needs two
         at_most(self, MOST, "num_sequences")
         at_least(self, 0, "mqar_pairs")
         at_most(self, MOST, "mqar_pairs")
@@ -422,7 +423,7 @@ class LowbitTask(Task):
 
     def light_options(self, light: LowbitOptions, suite: SuiteContext) -> LowbitOptions:
         return dataclasses.replace(
-            light, length=suite.context_length, num_sequences=max(2, suite.windows(light.num_sequences)),
+            light, length=suite.context_length, num_sequences=suite.windows(light.num_sequences),
             continuation=min(light.continuation, suite.context_length // 4), seed=suite.seed,
         ).resolved()  # fmt: skip
 
