@@ -29,8 +29,8 @@ from difftransformer.models.folders import load_model_folder
 from difftransformer.models.quantization import (
     Scheme,
     apply_w8a8,
-    check_tiles,
     full_precision_modules,
+    tiling_problem,
     torchao_method,
 )
 
@@ -47,10 +47,8 @@ def check_quantizable(config: DiffTransformerConfig, scheme: Scheme) -> None:
     ``config`` describes (a scheme's groups must tile every input width)."""
     with torch.device("meta"):
         model = DiffTransformerForCausalLM(config)
-    try:
-        check_tiles(model, scheme, full_precision_modules(config))
-    except UsageError as refusal:
-        raise ConversionError(str(refusal)) from None
+    if problem := tiling_problem(model, scheme, full_precision_modules(config)):
+        raise ConversionError(f"`scheme` {problem}")
 
 
 def _torchao_config(scheme: Scheme, kept: tuple[str, ...]) -> TorchAoConfig:

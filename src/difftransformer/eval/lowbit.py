@@ -50,10 +50,10 @@ from difftransformer.eval.task import Chart, Column, Measure, Panel, SuiteContex
 from difftransformer.models.quantization import (
     EXTRA,
     SCHEMES,
-    check_tiles,
     model_full_precision_modules,
     quantize_weights,
     quantized_linears,
+    tiling_problem,
 )
 from difftransformer.plotting import pyplot, save_figure
 from difftransformer.stats import mean, paired_interval
@@ -287,12 +287,9 @@ def run_lowbit(
     options = options.resolved()
     check_context_length(model, options.length, "`length`")
     kept = model_full_precision_modules(model)
-    untileable = {}
-    for name in options.weights:
-        try:
-            check_tiles(model, SCHEMES[name], kept, what="weights")
-        except UsageError as refusal:
-            untileable[name] = str(refusal).partition(" ")[2]
+    untileable = {
+        name: problem for name in options.weights if (problem := tiling_problem(model, SCHEMES[name], kept))
+    }
     windows = held_out_windows(token_ids, options.length, options.num_sequences)
     group_size = hqq_group_size(options, cached_widths(model, windows[0, 0]))
     batch = None

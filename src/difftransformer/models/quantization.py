@@ -84,17 +84,16 @@ def quantized_linears(model: nn.Module, kept: tuple[str, ...]) -> Iterator[tuple
             yield name, module
 
 
-def check_tiles(model: nn.Module, scheme: Scheme, kept: tuple[str, ...], what: str = "scheme") -> None:
-    """Raise UsageError, naming ``what`` asked for ``scheme``, where its groups do not tile the input width of a
-    linear layer of ``model`` it converts (every one but ``kept``)."""
+def tiling_problem(model: nn.Module, scheme: Scheme, kept: tuple[str, ...]) -> str | None:
+    """Where ``scheme``'s groups do not tile the input width of a linear layer of ``model`` it converts (every one
+    but ``kept``), what it is, e.g. "int4 quantizes in groups of 32 inputs; model.layers.0.mlp.down_proj takes 48";
+    None where they do."""
     if scheme.group_size is None:
-        return
+        return None
     for name, linear in quantized_linears(model, kept):
         if linear.in_features % scheme.group_size:
-            raise UsageError(
-                f"`{what}` {scheme.name} quantizes in groups of {scheme.group_size} inputs; {name} takes "
-                f"{linear.in_features}"
-            )
+            return f"{scheme.name} quantizes in groups of {scheme.group_size} inputs; {name} takes {linear.in_features}"
+    return None
 
 
 def model_full_precision_modules(model: nn.Module) -> tuple[str, ...]:

@@ -203,7 +203,8 @@ class PartsAttention(nn.Module):
         # vLLM quantizes every shard of a fused layer alike, so a quantized folder's lambda_proj, which stays in full
         # precision (docs/quantization.md), is a layer of its own; otherwise it is fused with q/k/v
         self.own_lambda = self.token_lambda and quant_config is not None
-        fused_lambda = [config.num_attention_heads] if self.token_lambda and not self.own_lambda else []
+        self.fused_lambda = self.token_lambda and not self.own_lambda
+        fused_lambda = [config.num_attention_heads] if self.fused_lambda else []
         self.qkv_proj = MergedColumnParallelLinear(
             config.hidden_size,
             [self.q_size * tp_size, self.kv_size * tp_size, self.kv_size * tp_size] + fused_lambda,
@@ -252,16 +253,14 @@ class PartsAttention(nn.Module):
     def stacked_weights(self) -> tuple[tuple[str, str, int], ...]:
         """(folder name, fused parameter, shard) of the fused projection."""
         shards = [(".q_proj", ".qkv_proj", 0), (".k_proj", ".qkv_proj", 1), (".v_proj", ".qkv_proj", 2)]
-        fused_lambda = self.token_lambda and not self.own_lambda
-        return tuple(shards + ([(".lambda_proj", ".qkv_proj", 3)] if fused_lambda else []))
+        return tuple(shards + ([(".lambda_proj", ".qkv_proj", 3)] if self.fused_lambda else []))
 
     def project(self, positions: torch.Tensor, hidden_states: torch.Tensor):
         """The rotated queries (T, n blocks d), k (T, kv) rotated, v, the gate (T, n, G, width) or None and the
         per-token lambda's logits (T, h) or None."""
         projected, _ = self.qkv_proj(hidden_states)
-        fused_lambda = self.token_lambda and not self.own_lambda
         q, k, v, *lambdas = projected.split(
-            [self.q_size, self.kv_size, self.kv_size] + ([self.heads] if fused_lambda else []), dim=-1
+            [self.q_size, self.kv_size, self.kv_size] + ([self.heads] if self.fused_lambda else []), dim=-1
         )
         if self.own_lambda:
             lambdas = [self.lambda_proj(hidden_states)[0]]
