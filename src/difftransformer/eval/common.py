@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from difftransformer.errors import MissingInputError, UsageError, check_seed
+from difftransformer.storage import write_json
 
 
 def seed_everything(seed: int) -> np.random.Generator:
@@ -216,3 +217,12 @@ def mean_token_nll(model: nn.Module, sequences: torch.Tensor, batch_size: int = 
         total, count = total + loss.item() * tokens, count + tokens
     model.train(was_training)
     return total / count
+
+
+def save_results(results: dict, output_dir: str | os.PathLike | None, plot: Callable[[str], None]) -> dict:
+    """Write a task's ``results`` as ``<task>.json`` into ``output_dir`` and draw them with ``plot(path)`` as
+    ``<task>.png`` beside it (nothing when ``output_dir`` is None); returns ``results``."""
+    if output_dir is not None:
+        write_json(f"{output_dir}/{results['task']}.json", results)
+        plot(f"{output_dir}/{results['task']}.png")
+    return results

@@ -32,12 +32,11 @@ from tqdm.auto import tqdm
 from difftransformer.data.bbc_news import bbc_news_articles
 from difftransformer.errors import MissingInputError, UsageError
 from difftransformer.eval import chance, paper
-from difftransformer.eval.common import check_context_length, max_context, model_device
+from difftransformer.eval.common import check_context_length, max_context, model_device, save_results
 from difftransformer.eval.options import MOST, at_least, at_most, counts, distinct, not_empty, option, seeded
 from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task, interval_at
 from difftransformer.plotting import pyplot, save_figure
 from difftransformer.stats import mean, mean_interval, wilson_interval
-from difftransformer.storage import write_json
 
 
 @dataclass
@@ -306,10 +305,7 @@ def run_icl(
         task="icl", data=data.name, labels=labels, test_size=test_size, seed=seed, curve=curve,
         order_shots=order_shots, order_robustness=robustness,
     )  # fmt: skip
-    if output_dir is not None:
-        write_json(f"{output_dir}/icl.json", results)
-        plot_icl(results, f"{output_dir}/icl.png")
-    return results
+    return save_results(results, output_dir, lambda path: plot_icl(results, path))
 
 
 def plot_icl(results: dict, path) -> None:

@@ -19,12 +19,12 @@ from difftransformer.eval.common import (
     check_context_length,
     fit_length,
     model_device,
+    save_results,
     token_stream,
 )
 from difftransformer.eval.options import at_least, counts, option
 from difftransformer.eval.task import Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.plotting import pyplot, save_figure
-from difftransformer.storage import write_json
 
 
 @torch.no_grad()
@@ -95,10 +95,9 @@ def run_longctx(
         nll=nll.tolist(),
         cumulative_nll=cumulative.tolist(),
     )
-    if output_dir is not None:
-        write_json(f"{output_dir}/longctx.json", results)
-        plot_cumulative([("model", cumulative.numpy())], f"{output_dir}/longctx.png")
-    return results
+    return save_results(
+        results, output_dir, lambda path: plot_cumulative([("model", cumulative.numpy())], path)
+    )
 
 
 def plot_cumulative(curves: Sequence[tuple[str, np.ndarray]], path) -> None:

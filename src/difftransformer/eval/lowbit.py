@@ -41,6 +41,7 @@ from difftransformer.eval.common import (
     fit_length,
     held_out_windows,
     model_device,
+    save_results,
     token_stream,
 )
 from difftransformer.eval.magnitudes import RunningStats
@@ -57,7 +58,6 @@ from difftransformer.models.quantization import (
 )
 from difftransformer.plotting import pyplot, save_figure
 from difftransformer.stats import mean, paired_interval
-from difftransformer.storage import write_json
 
 
 @dataclass(frozen=True)
@@ -350,10 +350,7 @@ def run_lowbit(
         weights=options.weights, full_precision=list(kept),
         outliers=inputs, rows=rows,
     )  # fmt: skip
-    if output_dir is not None:
-        write_json(f"{output_dir}/lowbit.json", results)
-        plot_lowbit(rows, f"{output_dir}/lowbit.png")
-    return results
+    return save_results(results, output_dir, lambda path: plot_lowbit(rows, path))
 
 
 # Each family of quantizers a width is read from: its rows' names and their bits

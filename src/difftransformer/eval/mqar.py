@@ -32,14 +32,13 @@ from tqdm.auto import tqdm
 from difftransformer.data.mqar import MqarBatch, MqarSettings, make_mqar_batch
 from difftransformer.errors import UsageError
 from difftransformer.eval import chance, paper
-from difftransformer.eval.common import check_context_length, max_context, model_device
+from difftransformer.eval.common import check_context_length, max_context, model_device, save_results
 from difftransformer.eval.maps import allocation, attention_maps
 from difftransformer.eval.options import MOST, at_least, at_most, counts, distinct, not_empty, option, seeded
 from difftransformer.eval.recall import key_vocabulary, recall_accuracy
 from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task, interval_at
 from difftransformer.plotting import pyplot, save_figure
 from difftransformer.stats import bootstrap_interval, mean, mean_interval, wilson_interval
-from difftransformer.storage import write_json
 
 
 @torch.no_grad()
@@ -168,10 +167,7 @@ def run_mqar(
         task="mqar", sequences=options.sequences, seed=options.seed, lengths=options.lengths,
         num_queries=options.num_queries, rows=rows, skipped=skipped, allocation=shares,
     )  # fmt: skip
-    if output_dir is not None:
-        write_json(f"{output_dir}/mqar.json", results)
-        plot_mqar(results, f"{output_dir}/mqar.png")
-    return results
+    return save_results(results, output_dir, lambda path: plot_mqar(results, path))
 
 
 def allocation_cells(cells: list[MqarSettings], per_pair_count: bool) -> list[MqarSettings]:

@@ -16,13 +16,18 @@ from tqdm.auto import tqdm
 
 from difftransformer.errors import UsageError
 from difftransformer.eval import paper
-from difftransformer.eval.common import check_context_length, max_context, model_device, token_stream
+from difftransformer.eval.common import (
+    check_context_length,
+    max_context,
+    model_device,
+    save_results,
+    token_stream,
+)
 from difftransformer.eval.logits import attention_logits, visible_keys
 from difftransformer.eval.magnitudes import RunningStats
 from difftransformer.eval.options import at_least, at_most, counts, option
 from difftransformer.eval.task import Chart, Column, Measure, Panel, SuiteContext, Task
 from difftransformer.plotting import pyplot, save_figure
-from difftransformer.storage import write_json
 
 # The most tokens scanned: 2,500 times the paper's 0.4M, days of work for any model this package runs.
 MOST_TOKENS = 10**9
@@ -110,10 +115,7 @@ def run_outliers(
     results = dict(
         task="outliers", tokens=num * length, length=length, **collect_outliers(model, sequences, progress)
     )
-    if output_dir is not None:
-        write_json(f"{output_dir}/outliers.json", results)
-        plot_outliers(results, f"{output_dir}/outliers.png")
-    return results
+    return save_results(results, output_dir, lambda path: plot_outliers(results, path))
 
 
 def plot_outliers(results: dict, path) -> None:

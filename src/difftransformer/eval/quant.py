@@ -31,6 +31,7 @@ from difftransformer.eval.common import (
     fit_length,
     held_out_windows,
     mean_token_nll,
+    save_results,
     token_stream,
 )
 from difftransformer.eval.haystack import (
@@ -48,7 +49,6 @@ from difftransformer.eval.recall import key_vocabulary, recall_accuracy
 from difftransformer.eval.task import UNIT, Chart, Column, Measure, Panel, SuiteContext, Task, interval_at
 from difftransformer.plotting import pyplot, save_figure
 from difftransformer.stats import mean_interval, wilson_interval
-from difftransformer.storage import write_json
 
 GRANULARITIES: tuple[str, ...] = ("tensor", "head", "row")
 # The widest logits quantised: a float32 logit carries 24 significant bits, so a grid of 2^(b-1) - 1 levels finer
@@ -186,10 +186,7 @@ def run_quant(
         task="quant", granularity=options.granularity, length=options.length,
         num_sequences=options.num_sequences, rows=rows,
     )  # fmt: skip
-    if output_dir is not None:
-        write_json(f"{output_dir}/quant.json", results)
-        plot_quant(rows, f"{output_dir}/quant.png")
-    return results
+    return save_results(results, output_dir, lambda path: plot_quant(rows, path))
 
 
 def plot_quant(rows: list[dict], path) -> None:
