@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 176890fbd293cfba; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 0e26c40f72130f94; change the package, not this file.
 """Strict loading: a saved folder loads only when its weights are exactly what its config.json describes,
 generated from the package's source named below."""
 
@@ -15,27 +15,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 # ---- difftransformer/models/loading.py -------------------------------------------------------------------
-# transformers logs its loading report (and the undone tie) here; held during a load, shown only if the load stands
 _LOADING_LOGGER = "transformers.modeling_utils"
 
 
 _SHOWN_NAMES = 4  # tensor names a message lists before "and N more"
 
 
-# What train records beside a run's settings; its "saved" entry is the fingerprint of the folder's model.
 PROVENANCE_JSON = "provenance.json"
 
 
 FINGERPRINT_KEY = "saved"
 
 
-# config.json fields that say where a model came from or how it is run, not what it computes from its weights:
-# transformers' bookkeeping, the dtype to load in, the cache switch, the operators' choice of kernel, and the
-# initialisation of weights that are loaded anyway. An edit of any other field changes the fingerprint.
 NOT_MODEL_FIELDS = frozenset(
     {"_name_or_path", "architectures", "auto_map", "transformers_version", "dtype", "torch_dtype", "use_cache",
      "attention_backend", "initializer_range", "lambda_std"}
@@ -45,7 +39,6 @@ NOT_MODEL_FIELDS = frozenset(
 _CHUNK = 1 << 20  # bytes hashed at a time: the weights are streamed, never read whole
 
 
-# What each refusal asks the user to do.
 _RESTORE_WEIGHTS = "Restore the weights from a copy or checkpoint saved before they went bad, or train again"
 
 
@@ -215,25 +208,12 @@ def fingerprint_problem(folder: str | os.PathLike) -> str | None:
     )
 
 
-def folder_problems(folder: str | os.PathLike) -> list[str]:
-    problems = [problem] if (problem := fingerprint_problem(folder)) else []
-    nonfinite = []
-    for path in _weight_files(Path(folder)):
-        with safe_open(str(path), framework="pt") as weights:
-            nonfinite += nonfinite_tensors((name, weights.get_tensor(name)) for name in weights.keys())
-    if problem := nonfinite_problem(nonfinite):
-        problems.append(problem)
-    return problems
-
-
 def strict_from_pretrained(load: Callable[..., Any], folder: Any, *args: Any, **kwargs: Any) -> Any:
     if folder is None or kwargs.get("output_loading_info"):
         return load(folder, *args, **kwargs)
-    # an edit the fingerprint sees is refused from the files alone, before any weight is read
     if os.path.isdir(folder) and (edited := fingerprint_problem(folder)):
         raise FolderMismatchError(f"{edited}: it would load as another model. {_RESTORE_SAVED}")
     mismatched_allowed = bool(kwargs.get("ignore_mismatched_sizes", False))
-    # Shapes that differ come back in the report rather than as transformers' RuntimeError after its table.
     kwargs["ignore_mismatched_sizes"] = True
     with _held_loading_messages() as messages:
         model, info = load(folder, *args, output_loading_info=True, **kwargs)

@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 176890fbd293cfba; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 0e26c40f72130f94; change the package, not this file.
 """The Differential Transformer (DIFF V1, DIFF V2), the kinds compared with it (GDA, gated attention, Motif's
 attention) and the matched softmax Transformer as transformers models: their layers and model classes,
 generated from the package's sources named below (documented there)."""
@@ -81,7 +81,6 @@ class LambdaVectors(nn.Module):
     def __init__(self, dim: int, std: float = 0.1) -> None:
         super().__init__()
         self.std = std
-        # exp() of a bfloat16 dot product is too coarse for lambda.
         self.q1 = nn.Parameter(torch.empty(dim, dtype=torch.float32))
         self.k1 = nn.Parameter(torch.empty(dim, dtype=torch.float32))
         self.q2 = nn.Parameter(torch.empty(dim, dtype=torch.float32))
@@ -110,9 +109,7 @@ class PartsAttention(nn.Module):
         blocks = self.ratio + (1 if self.parts.differential else 0)  # a group's query blocks
         gate = self.ratio * width if self.parts.gate == "elementwise" else 0
         hidden, kv_rows = config.hidden_size, config.num_key_value_heads * config.head_dim
-        # q_proj's rows a group: tensor parallelism gives each shard whole groups
         self.group_width = blocks * self.map_head_dim + gate
-        # Registered in the order earlier versions had, so a seed gives the same initial weights.
         self.q_proj = nn.Linear(hidden, self.groups * self.group_width, bias=False)
         self.k_proj = nn.Linear(hidden, kv_rows, bias=False)
         self.v_proj = nn.Linear(hidden, kv_rows, bias=False)
@@ -122,7 +119,6 @@ class PartsAttention(nn.Module):
             self.lambda_vectors = LambdaVectors(self.map_head_dim, config.lambda_std)
         elif self.parts.lambda_mode == "token":
             self.lambda_proj = nn.Linear(config.hidden_size, self.heads, bias=False)
-        # the paper's fixed output scale (Eq. 3) belongs to the scalar lambda's lambda_init
         self.out_scale = 1.0 - self.lambda_init if self.parts.lambda_mode == "scalar" else 1.0
         self.subln = (
             None
@@ -197,7 +193,6 @@ class RotaryEmbedding(nn.Module):
                 f"got {self.rope_type!r}"
             )
         if self.rope_type in ("llama3", "yarn", "longrope"):
-            # transformers' config standardisation: the pretraining length these types scale from
             parameters.setdefault("original_max_position_embeddings", max_position_embeddings)
         self.config = PreTrainedConfig(
             head_dim=dim,
@@ -242,10 +237,6 @@ class RotaryEmbedding(nn.Module):
         return cos.to(x.dtype), sin.to(x.dtype)
 
 
-def interleaved_to_half_permutation(dim: int) -> torch.Tensor:
-    return torch.cat([torch.arange(0, dim, 2), torch.arange(1, dim, 2)])
-
-
 # ---- difftransformer/layers/split_heads.py ---------------------------------------------------------------
 class SplitHeadAttention(PartsAttention):
     def __init__(self, config: PreTrainedConfig, layer_idx: int) -> None:
@@ -271,8 +262,6 @@ class SplitHeadAttention(PartsAttention):
     ) -> tuple[torch.Tensor, torch.Tensor | tuple[torch.Tensor, ...] | None]:
         batch, q_len, _ = hidden_states.shape
         cos, sin = position_embeddings
-        # q goes to the operator unrotated with its rotary embedding (the C++ decode step rotates it in the kernel);
-        # k is rotated before the cache, in the projection's (B, T, sub-heads, d) layout, each of K1, K2 a sub-head.
         queries, gate = self.query_groups(hidden_states)
         q = self.queries(queries)  # Q1 | Q2 per head
         k = self.k_proj(hidden_states).view(batch, q_len, -1, self.map_head_dim)
@@ -285,9 +274,6 @@ class SplitHeadAttention(PartsAttention):
             k, v = kwargs["cache"].update(k, v, self.layer_idx, kwargs)
 
         if attention_mask is None and self.is_causal and 1 < q_len < k.shape[2]:
-            # No mask with more keys than queries: the queries fill a static cache from its first slot (transformers
-            # leaves the mask out only then), which SDPA reads as causal from the top left; the operators align
-            # causal masks bottom-right, which over the first q_len keys is the same.
             k, v = k[:, :, :q_len], v[:, :, :q_len]
         weight = self.noise_weight(hidden_states)
         if isinstance(weight, torch.Tensor) and weight.dim():  # per token: (B, T, h) -> (B, h, T, 1)
@@ -394,7 +380,6 @@ class WholeHeadAttention(PartsAttention):
             if isinstance(weight, torch.Tensor) and weight.dim():
                 weight = weight.transpose(1, 2).unflatten(1, (-1, self.ratio)).unsqueeze(-1).to(probs.dtype)
             combined = (first - weight * noise).flatten(1, 2)  # (B, h, T, S)
-            # each signal head's KV head: its query head's, query heads ordered group by group
             query_head = torch.arange(first.shape[1] * self.ratio, device=q.device)
             query_head = query_head + query_head // self.ratio
             values = v.to(combined.dtype)[:, query_head // self.num_key_value_groups]
@@ -415,17 +400,9 @@ class WholeHeadAttention(PartsAttention):
 
 
 # ---- difftransformer/models/modeling.py ------------------------------------------------------------------
-# The scalar lambda's vectors live in their own float32 submodule and are saved under those names
-# (`self_attn.lambda_vectors.q1` ...), so that tools reading the file by parameter name (accelerate's
-# load_checkpoint_and_dispatch) find them. The Llama-family names of the paper's code and DiffLlama
-# (`self_attn.lambda_q1` ...) are the "original format" of transformers' conversion machinery: folders saved with
-# them still load (this mapping on from_pretrained, _load_from_state_dict on load_state_dict), and
-# revert_weight_conversion gives them (the DiffLlama conversion reads it). The parts declare them (their
-# ``renamings``); transformers keys the mapping by model type, which every configuration shares.
 LAMBDA_KEYS = LAMBDA_RENAMINGS
 
 
-# The attention module of each map layout.
 LAYOUTS = {"split": SplitHeadAttention, "whole": WholeHeadAttention}
 
 
@@ -466,8 +443,6 @@ class DiffTransformerPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["DiffTransformerDecoderLayer"]
     _skip_keys_device_placement = ["past_key_values"]
-    # The softmax kinds run every implementation transformers registers; DIFF V1 and GDA the ones their operators
-    # can (get_correct_attn_implementation refuses the rest, saying why).
     _supports_sdpa = True
     _supports_flash_attn = True
     _supports_flex_attn = True
@@ -476,8 +451,6 @@ class DiffTransformerPreTrainedModel(PreTrainedModel):
 
     def __init__(self, config: DiffTransformerConfig, *inputs, **kwargs) -> None:
         super().__init__(config, *inputs, **kwargs)
-        # exp() of a half-precision dot product is too coarse for lambda: the scalar lambda's vectors load in float32
-        # whatever the dtype (their own submodule, so that FSDP2 groups them apart from the bf16 projections).
         self._keep_in_fp32_modules_strict = list(config.parts.keep_in_fp32)
 
     @classmethod
@@ -486,7 +459,6 @@ class DiffTransformerPreTrainedModel(PreTrainedModel):
 
     @property
     def _weight_conversions(self) -> list[WeightTransform]:
-        # A load that matched the renaming recorded it too: reverted twice, the second finds nothing to rename.
         return self.__dict__.get("_recorded_weight_conversions", []) + lambda_renamings()
 
     @_weight_conversions.setter
@@ -517,8 +489,6 @@ class DiffTransformerPreTrainedModel(PreTrainedModel):
                 init.normal_(vector, mean=0.0, std=self.config.lambda_std)
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args, **kwargs) -> None:
-        # load_state_dict() of an on-disk state dict (the Trainer's resume does this) sees the lambda vectors' disk
-        # names; from_pretrained() renames them through the registered conversion mapping instead.
         for key in [key for key in state_dict if key.startswith(prefix) and ".self_attn.lambda_" in key]:
             head, _, name = key.rpartition(".")
             if name in LAMBDA_KEYS:
@@ -596,7 +566,6 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
         config = mask_config(self.config, output_attentions)
         if isinstance(attention_mask, torch.Tensor):
             check_mask_shape(attention_mask, inputs_embeds.shape[:2], past_key_values, paged)
-        # Deciding that a padding mask hides nothing reads it back: free on the CPU, a device stall elsewhere.
         may_skip = attention_mask is None or attention_mask.is_cpu
         if not self.config.causal:
             return {
@@ -643,8 +612,6 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
         batch, q_len, _ = inputs_embeds.shape
 
-        # The mask before a new cache: an empty cache changes no size, and without one the positions a caller gives
-        # are read for packed documents (restarting positions; ours never restart, so they are not read).
         paged = kwargs.get("cache") is not None  # continuous batching's paged cache, read by the attention
         if isinstance(attention_mask, dict):  # the masks by layer type, as transformers' generate builds them
             masks = attention_mask

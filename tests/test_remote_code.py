@@ -308,3 +308,31 @@ def test_package_only_modules_stay_out_of_the_flat_files():
         "write_model_code",
     } <= assigned_none
     assert all("register_native_kernels" not in text for text in code.values())
+    # The definitions only the package uses (the matching rules, say) are left out, and nothing else is: the flat
+    # configuration still builds and resolves every kind.
+    defined = {
+        f"{node.name}.{item.name}" if item is not node else node.name
+        for text in code.values()
+        for node in ast.parse(text).body
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+        for item in [node, *(node.body if isinstance(node, ast.ClassDef) else [])]
+        if isinstance(item, (ast.FunctionDef, ast.ClassDef))
+    }
+    left_out = set().union(*remote_code.PACKAGE_ONLY_DEFINITIONS.values())
+    assert "DiffTransformerConfig.matched_baseline" in left_out and not left_out & defined
+    assert {"DiffTransformerConfig.check", "AttentionParts.renamings", "strict_from_pretrained"} <= defined
+
+
+def test_a_flat_file_that_uses_a_package_only_definition_is_refused(monkeypatch):
+    only = {
+        **remote_code.PACKAGE_ONLY_DEFINITIONS,
+        "difftransformer.layers.parts": frozenset({"AttentionParts.windowed"}),
+    }
+    monkeypatch.setattr(remote_code, "PACKAGE_ONLY_DEFINITIONS", only)
+    with pytest.raises(remote_code.ExportError, match="AttentionParts.windowed, which only the package has"):
+        remote_code.model_code()
+    monkeypatch.setattr(
+        remote_code, "PACKAGE_ONLY_DEFINITIONS", {"difftransformer.layers.parts": frozenset({"nope"})}
+    )
+    with pytest.raises(remote_code.ExportError, match="not defined here"):
+        remote_code.model_code()

@@ -5,16 +5,22 @@ transformers loads a folder's custom code (``trust_remote_code=True``) from the 
 write holds transformers' layout, generated from the package's sources as transformers generates its
 ``modeling_*.py`` from modular sources:
 
-- ``configuration_difftransformer.py``: the configuration module with the plain-data modules it reads held whole
-  before it (:data:`CONFIGURATION_MODULES`: the space of attention parts and the kinds declared in it), each other
-  name it imports from the package written as the literal it is (tuples, dicts, strings, numbers);
+- ``configuration_difftransformer.py``: the configuration module with the plain-data modules it reads held before
+  it (:data:`CONFIGURATION_MODULES`: the space of attention parts and the kinds declared in it), each other name it
+  imports from the package written as the literal it is (tuples, dicts, strings, numbers);
 - the model's modules (``models/modeling.py`` and the ``ops``, ``layers`` and ``models`` modules it imports, at any
   depth) in three files (:data:`MODEL_FILES`): ``operators_difftransformer.py`` (the attention operators, as
   transformers keeps Llama's SDPA call in its own module), ``loading_difftransformer.py`` (the strict load) and
-  ``modeling_difftransformer.py`` (layers and model classes, as ``modeling_llama.py``). Each module is written
-  under a comment naming its source, dependencies first, with its definitions' docstrings left in the package
-  (the flat files hold what the model runs); package imports become the file's own names or relative imports of
-  the file before it, and outside imports are gathered at the top.
+  ``modeling_difftransformer.py`` (layers and model classes, as ``modeling_llama.py``); package imports become the
+  file's own names or relative imports of the file before it.
+
+The flat files hold what the model runs, and no more. Each module is written under a comment naming its source,
+dependencies first, without its documentation (its docstring, its definitions' docstrings and its comment lines
+stay in that source; a docstring that is a definition's whole body stays, and so do the formatter's and linters'
+pragmas) and without the definitions only the package uses (:data:`PACKAGE_ONLY_DEFINITIONS`: the
+parameter-matching rules, the quantizer's and the evaluation's readings of the parts, the conversion's rotary
+permutation, the check of a folder's files before a resume); the modules' outside imports are gathered at the top,
+less the names no code in the file uses.
 
 The configuration and modeling files end by registering their classes for the Auto classes, so that a model loaded
 from the folder and saved again carries the files along (transformers' ``custom_object_save`` copies the relative
@@ -34,9 +40,11 @@ import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
+import io
 import json
 import os
 import sys
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,7 +96,21 @@ PACKAGE_ONLY = frozenset(
     }
 )
 PACKAGE_ONLY_NOTE = "# package-only (models/remote_code.py): not in this file"
+# Definitions in the model's modules that only the package uses (module -> a function or class, or a class's
+# method, by qualified name): the parameter-matching rules (models/matching.py), the quantizer's and the
+# evaluation's readings of the parts, the conversion's rotary permutation and the check of a folder's files before
+# Trainer resumes it. The flat files leave them out, and nothing in them may use one.
+PACKAGE_ONLY_DEFINITIONS = {
+    f"{PACKAGE}.models.configuration": frozenset(
+        {"DiffTransformerConfig.with_attention", "DiffTransformerConfig.matched_baseline"}
+    ),
+    f"{PACKAGE}.layers.parts": frozenset({"AttentionParts.full_precision", "AttentionParts.maps"}),
+    f"{PACKAGE}.layers.rotary": frozenset({"interleaved_to_half_permutation"}),
+    f"{PACKAGE}.models.loading": frozenset({"folder_problems"}),
+}
 LINE_LENGTH = 110  # the project's formatter's (pyproject.toml)
+# Comments the flat files keep: they tell the formatter and linters how to read a line.
+PRAGMAS = ("# fmt:", "# noqa", "# type:")
 
 
 class ExportError(RuntimeError):
@@ -178,16 +200,18 @@ def _section_header(module: _Module) -> str:
     return f"# ---- {module.source_path} " + "-" * max(0, 100 - len(module.source_path))
 
 
-def _docstring_comment(module: _Module) -> list[str]:
-    doc = ast.get_docstring(module.tree)
-    return [_section_header(module)] + [f"# {line}".rstrip() for line in (doc or "").splitlines()]
-
-
-def _docstring_lines(module: _Module) -> set[int]:
-    """The line numbers of the docstrings of the module's functions and classes, at any depth, except where the
-    docstring is a definition's whole body."""
+def _documentation_lines(module: _Module) -> set[int]:
+    """The line numbers of the module's documentation: the docstrings of its functions and classes, at any depth,
+    except where the docstring is a definition's whole body, and its comment lines (a line holding only a comment,
+    but for the formatter's and linters' pragmas)."""
     lines = module.source.splitlines()
-    found: set[int] = set()
+    found: set[int] = {
+        token.start[0]
+        for token in tokenize.generate_tokens(io.StringIO(module.source).readline)
+        if token.type == tokenize.COMMENT
+        and not token.line[: token.start[1]].strip()
+        and not token.string.startswith(PRAGMAS)
+    }
     for node in ast.walk(module.tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and len(node.body) > 1:
             if ast.get_docstring(node, clean=False) is not None:
@@ -198,13 +222,37 @@ def _docstring_lines(module: _Module) -> set[int]:
     return found
 
 
-def _body(module: _Module, docstrings: bool = True) -> tuple[list[str], list[str]]:
+def _package_only_lines(module: _Module) -> set[int]:
+    """The line numbers of the module's package-only methods (:data:`PACKAGE_ONLY_DEFINITIONS`), each with the
+    blank and comment lines above it; refuses a name the module does not define."""
+    wanted = PACKAGE_ONLY_DEFINITIONS.get(module.name, frozenset())
+    lines = module.source.splitlines()
+    found: set[int] = set()
+    seen = {node.name for node in module.tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    for cls in (node for node in module.tree.body if isinstance(node, ast.ClassDef)):
+        for node in cls.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                seen.add(f"{cls.name}.{node.name}")
+                if f"{cls.name}.{node.name}" in wanted:
+                    start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                    while not lines[start - 2].strip() or lines[start - 2].lstrip().startswith("#"):
+                        start -= 1
+                    found.update(range(start, node.end_lineno + 1))
+    if wanted - seen:
+        raise ExportError(
+            f"{module.path}: PACKAGE_ONLY_DEFINITIONS names {sorted(wanted - seen)}, not defined here"
+        )
+    return found
+
+
+def _body(module: _Module) -> tuple[list[str], list[str]]:
     """The module's outside imports (as source lines) and the rest of its top level, without its docstring, its
-    package imports, ``from __future__`` and ``__all__``; without the docstrings of its definitions too unless
-    ``docstrings``."""
+    package imports, ``from __future__``, ``__all__``, its package-only definitions
+    (:data:`PACKAGE_ONLY_DEFINITIONS`) and its documentation (:func:`_documentation_lines`)."""
     imports, body = [], []
     lines = module.source.splitlines()
-    dropped = set() if docstrings else _docstring_lines(module)
+    dropped = _documentation_lines(module) | _package_only_lines(module)
+    package_only = PACKAGE_ONLY_DEFINITIONS.get(module.name, frozenset())
     previous_end = 0
     for index, node in enumerate(module.tree.body):
         start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
@@ -217,6 +265,8 @@ def _body(module: _Module, docstrings: bool = True) -> tuple[list[str], list[str
             continue
         if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__all__"]:
             continue
+        if getattr(node, "name", None) in package_only:
+            continue
         text = "\n".join(
             line
             for number, line in enumerate(lines[start - 1 : node.end_lineno], start)
@@ -227,6 +277,7 @@ def _body(module: _Module, docstrings: bool = True) -> tuple[list[str], list[str
 
 
 def _defined_names(module: _Module) -> set[str]:
+    """The names the module's part of a flat file defines (its package-only definitions left out)."""
     names = set()
     for node in module.tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -234,7 +285,7 @@ def _defined_names(module: _Module) -> set[str]:
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
                 names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
-    return names - {"__all__"}
+    return names - {"__all__"} - PACKAGE_ONLY_DEFINITIONS.get(module.name, frozenset())
 
 
 def _check_imported_names(module: _Module, available: set[str]) -> list[str]:
@@ -305,17 +356,19 @@ def _name_order(alias: ast.alias) -> tuple[int, str]:
     return (0 if name.isupper() else 1 if name[:1].isupper() else 2, name)
 
 
-def _import_block(statements: list[str]) -> str:
-    """The modules' outside import statements merged (one ``from`` line per module, aliased names on their own)
-    and grouped as isort groups them: standard library, third party, then the relative import."""
+def _import_block(statements: list[str], used: set[str]) -> str:
+    """The modules' outside import statements merged (one ``from`` line per module, aliased names on their own),
+    without the names the file does not use (``used``: those a package-only definition alone used), and grouped
+    as isort groups them: standard library, third party, then the relative import."""
     plain: set[str] = set()
     names: dict[tuple[int, str], dict[str, ast.alias]] = {}
     aliased: set[tuple[int, str, str, str]] = set()
     for node in (n for statement in statements for n in ast.parse(statement).body):
+        bound = [a for a in node.names if (a.asname or a.name.partition(".")[0]) in used]
         if isinstance(node, ast.Import):
-            plain.update(ast.unparse(ast.Import(names=[alias])) for alias in node.names)
+            plain.update(ast.unparse(ast.Import(names=[alias])) for alias in bound)
             continue
-        for alias in node.names:
+        for alias in bound:
             if alias.asname:
                 aliased.add((node.level, node.module, alias.name, alias.asname))
             else:
@@ -359,9 +412,10 @@ def _literal(value: object, indent: str = "") -> str:
 
 
 def _file(docstring: str, imports: list[str], sections: list[str], epilogue: list[str]) -> str:
-    head = f'"""{docstring}"""\n\nfrom __future__ import annotations\n\n{_import_block(imports)}'
     registrations = "# transformers copies this file along when a model loaded from it is saved again\n"
     body = "\n\n\n".join([*sections, *([registrations + "\n".join(epilogue)] if epilogue else [])])
+    used = {node.id for node in ast.walk(ast.parse(body)) if isinstance(node, ast.Name)}
+    head = f'"""{docstring}"""\n\nfrom __future__ import annotations\n\n{_import_block(imports, used)}'
     first_code = next(line for line in body.splitlines() if line and not line.startswith("#"))
     # as isort writes it: two blank lines after the imports before a definition, one before anything else
     gap = "\n\n\n" if first_code.startswith(("def ", "class ", "@")) else "\n\n"
@@ -382,7 +436,7 @@ def _configuration_body() -> str:
     for held in _held_modules():
         held_imports, held_body = _body(held)
         imports += held_imports
-        sections.append("\n".join(_docstring_comment(held)) + "\n" + "\n\n\n".join(held_body))
+        sections.append(_section_header(held) + "\n" + "\n\n\n".join(held_body))
     constants = "\n".join(_literal_imports(module))
     doc = f"The Differential Transformer's configuration, generated from {module.source_path} and the modules it holds."
     sections += [constants, "\n\n\n".join(body)]
@@ -432,7 +486,7 @@ def _model_bodies() -> dict[str, str]:
             elif node.module not in PACKAGE_ONLY and _file_of(node.module) != file:
                 taken.update((_file_of(node.module), alias.name) for alias in node.names)
         defined.update(dict.fromkeys(_defined_names(module), module.name))
-        module_imports, body = _body(module, docstrings=False)
+        module_imports, body = _body(module)
         imports += module_imports
         sections.append(_section_header(module) + "\n" + "\n\n\n".join(aliases + body))
     bodies = {}
@@ -447,6 +501,19 @@ def _model_bodies() -> dict[str, str]:
     return bodies
 
 
+def _check_package_only_unused(bodies: dict[str, str]) -> None:
+    """Refuse flat files that use a definition they leave out (:data:`PACKAGE_ONLY_DEFINITIONS`): a function or
+    class by its name, a method as an attribute."""
+    left_out = {q.rpartition(".")[2]: q for names in PACKAGE_ONLY_DEFINITIONS.values() for q in names}
+    for name, text in bodies.items():
+        for node in ast.walk(ast.parse(text)):
+            qualified = left_out.get(node.id if isinstance(node, ast.Name) else getattr(node, "attr", None))
+            if qualified is not None and ("." in qualified) == isinstance(node, ast.Attribute):
+                raise ExportError(
+                    f"{name} uses {qualified}, which only the package has (PACKAGE_ONLY_DEFINITIONS)"
+                )
+
+
 def code_digest(bodies: dict[str, str]) -> str:
     """The content hash stamped on both files: SHA-256 (first 16 hex digits) over the file names and their text
     without the header line, so two folders carry the same code exactly when their stamps agree."""
@@ -459,6 +526,7 @@ def code_digest(bodies: dict[str, str]) -> str:
 def model_code() -> dict[str, str]:
     """File name -> text of the files a saved folder carries. The same sources always give the same text."""
     bodies = {CONFIGURATION_FILE: _configuration_body(), **_model_bodies()}
+    _check_package_only_unused(bodies)
     digest = code_digest(bodies)
     return {name: _header(digest) + body for name, body in bodies.items()}
 

@@ -1,4 +1,4 @@
-# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 176890fbd293cfba; change the package, not this file.
+# Written by difftransformer 0.1.0 from its sources (src/difftransformer: ops, layers, models), model code 0e26c40f72130f94; change the package, not this file.
 """Differential and softmax attention operators: the float64-exact reference, the SDPA path and the
 dispatcher that picks between them, generated from the package's sources named below."""
 
@@ -95,7 +95,6 @@ CppKernels = None  # package-only (models/remote_code.py): not in this file
 cpp_kernels = None  # package-only (models/remote_code.py): not in this file
 
 
-# Tensors the kernels read as they are: a subclass (FSDP2's DTensor, a fake tensor) has no storage of its own.
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -112,7 +111,6 @@ def cpu_kernels_for(*tensors: torch.Tensor) -> CppKernels | None:
 def masked_softmax(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     if mask is None:
         return torch.softmax(logits, dim=-1)
-    # Rows without a visible key are computed unmasked and then zeroed, so their gradient is 0, not NaN.
     row_has_key = mask.any(-1, keepdim=True)
     probs = torch.softmax(logits.masked_fill(~(mask | ~row_has_key), float("-inf")), dim=-1)
     return probs * row_has_key
@@ -163,8 +161,6 @@ _COMPLEX_DTYPES = (torch.float32, torch.float64)  # have a complex counterpart f
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: RopeStyle) -> torch.Tensor:
     if style == "interleaved":
         if x.dtype in _COMPLEX_DTYPES and cos.dtype == x.dtype and not torch.compiler.is_compiling():
-            # Each interleaved pair is one complex number and the rotation one complex product: the same
-            # multiply-adds in one kernel instead of seven (3-4x faster here, forward and backward).
             pairs = x.unflatten(-1, (-1, 2))
             if (
                 pairs.stride(-1) == 1
@@ -204,8 +200,6 @@ def diff_attention_sdpa(
     scale: float | None = None,
 ) -> torch.Tensor:
     batch, heads, kv_heads, q_len, kv_len, head_dim = check_diff_inputs(q, k, v, lambda_full)
-    # Component maps as 2h ordinary heads, first all Q1 then all Q2 (and K1s then K2s): SDPA's GQA rule
-    # (query head j reads KV head j // n_rep) then pairs Q1 of head i with K1 of its group, Q2 with K2.
     q_maps = torch.cat([q[..., :head_dim], q[..., head_dim:]], dim=1)
     k_maps = torch.cat([k[..., :head_dim], k[..., head_dim:]], dim=1)
     use_is_causal = causal and attn_mask is None and q_len == kv_len
@@ -214,7 +208,6 @@ def diff_attention_sdpa(
         mask = build_attend_mask(batch, q_len, kv_len, causal=causal, attn_mask=attn_mask, device=q.device)
 
     def attend(v_half: torch.Tensor) -> torch.Tensor:
-        # K1 and K2 of a group read the same V.
         return F.scaled_dot_product_attention(
             q_maps,
             k_maps,
@@ -247,19 +240,15 @@ Backend = Literal["auto", "reference", "sdpa", "blocked", "decode", "fused_cpu",
 BACKENDS: tuple[str, ...] = ("auto", "reference", "sdpa", "blocked", "decode", "fused_cpu", "flex")
 
 
-# transformers' attn_implementation -> the backend it runs; "sdpa" (transformers' default) runs the requested
-# backend ("auto": chosen per device, dtype and shape below).
 IMPLEMENTATIONS = {"sdpa": None, "eager": "reference", "flex_attention": "flex", "paged|eager": "reference"}
 
 
-# Thresholds of backend="auto", measured with `difftransformer bench` (docs/performance.md).
 DECODE_MAX_QUERIES = 16  # up to this many queries, reading K and V once beats every fused kernel
 
 
 BLOCKED_MAX_KEYS_CPU = 512  # on CPU the blocked path beats two SDPA calls up to here (measured at 512)
 
 
-# The kernels that take any mask, by name; one signature (q, k, v, lambda_full, *, causal, attn_mask, scale).
 _MASKED_KERNELS = {
     "reference": lambda *args, **kwargs: diff_attention_reference(*args, **kwargs)[0],
     "sdpa": diff_attention_sdpa,
@@ -414,7 +403,6 @@ class _RMSNormFunction(torch.autograd.Function):
             grad = grad * gain.to(grad.dtype)
         grad_x = None
         if ctx.needs_input_grad[0]:
-            # d/dx of x * r with r = (mean(x^2) + eps)^-1/2: r * (g - normed * mean(g * normed))
             grad_x = (inv_rms * (grad - normed * (grad * normed).mean(-1, keepdim=True))).to(x.dtype)
         return grad_x, grad_gain, None
 
