@@ -46,11 +46,13 @@ def padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-# Every kind under every implementation; the windowed DIFF V1's FlexAttention (uncompiled on the CPU, 13 s) with the
-# slow tests, DIFF V1's own by default.
+# Every kind under every implementation. FlexAttention runs uncompiled on the CPU (7-14 s a kind): DIFF V1's own
+# operator and the whole-head window's refusal by default, the other kinds' (transformers' own FlexAttention call)
+# with the slow tests.
+FLEX_BY_DEFAULT = {"diff", "motif-window-3"}
 CPU_CASES = [
     pytest.param(kind, implementation, id=f"{kind}-{implementation}",
-                 marks=pytest.mark.slow if (kind, implementation) == ("diff-gate-window", "flex_attention") else ())
+                 marks=pytest.mark.slow if implementation == "flex_attention" and kind not in FLEX_BY_DEFAULT else ())
     for kind in KINDS
     for implementation in CPU_IMPLEMENTATIONS
 ]  # fmt: skip
