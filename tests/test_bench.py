@@ -366,3 +366,14 @@ def test_bench_check_measures_its_figures_settings_for_real(tmp_path, monkeypatc
     plant_figures(figures, cpu_model(), COMMITTED, band=0.99)
     lines = regression.check(figures, ignore_load=True, say=lambda line: None)
     assert not [line for line in lines if "not measured" in line or "not in the committed" in line], lines
+
+
+def test_the_cpu_model_names_the_vector_instructions_beside_the_name(tmp_path, monkeypatch):
+    """Two machines /proc/cpuinfo names alike ("AMD EPYC") with other vector units keep separate figures."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2\n")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert cpu_model(cpuinfo) == "AMD EPYC, AVX2"
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert cpu_model(cpuinfo) == "AMD EPYC, AVX512"
+    assert cpu_model(tmp_path / "missing").endswith(", AVX512")

@@ -17,16 +17,22 @@ CPUINFO = Path("/proc/cpuinfo")
 
 
 def cpu_model(cpuinfo: Path = CPUINFO) -> str:
-    """The CPU's model name: /proc/cpuinfo's first ``model name`` (Linux on x86 and most ARM servers), else what
-    :func:`platform.processor` says, else the architecture."""
+    """The CPU's model and the widest vector instructions torch's kernels use on it: /proc/cpuinfo's first
+    ``model name`` (Linux on x86 and most ARM servers), else what :func:`platform.processor` says, else the
+    architecture, then torch's CPU capability (``"AMD EPYC, AVX512"``). The operating system may name two CPUs alike
+    whose kernels differ: the package's C++ kernels are compiled for the machine they run on, and an AMD EPYC with
+    AVX-512 and one with AVX2 alone read DIFF V1's train step at 2,048 tokens 0.94 and 1.19 of the baseline's
+    (docs/performance.md)."""
+    name = None
     try:
         for line in cpuinfo.read_text(errors="replace").splitlines():
             key, sep, value = line.partition(":")
             if sep and key.strip() == "model name" and value.strip():
-                return value.strip()
+                name = value.strip()
+                break
     except OSError:
         pass  # not Linux: the platform's own name below
-    return platform.processor() or platform.machine()
+    return f"{name or platform.processor() or platform.machine()}, {torch.backends.cpu.get_cpu_capability()}"
 
 
 def environment(device: torch.device, command: str) -> dict:
