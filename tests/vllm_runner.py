@@ -3,7 +3,7 @@ vLLM pins an older transformers than the package, so the two never share a proce
 
 Usage: ``python vllm_runner.py JOBS.json RESULTS.json``. JOBS is a list of runs: ``{"folder", "prompts" (lists of
 token ids), "max_tokens", "logprobs" (top-k), "prompt_logprobs" (top-k of every prompt position), "dtype",
-"prefix_caching"}``. RESULTS holds, per run, each prompt's generated ids, each step's top-k ``{id: logprob}`` and, when
+"prefix_caching", "kv_cache_dtype"}``. RESULTS holds, per run, each prompt's generated ids, each step's top-k ``{id: logprob}`` and, when
 asked, each prompt position's after the first, or the error vLLM raised (``{"error": "Type: message"}``).
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), one engine at a time.
 """
@@ -32,6 +32,7 @@ def run(job: dict) -> dict:
             skip_tokenizer_init=True,
             seed=0,
             tensor_parallel_size=job.get("tensor_parallel_size", 1),
+            kv_cache_dtype=job.get("kv_cache_dtype", "auto"),
         )
     except Exception as error:  # noqa: BLE001 - the test reads the refusal
         return {"error": f"{type(error).__name__}: {error}"}

@@ -28,7 +28,12 @@ class ServableCheck:
 
     @staticmethod
     def verify_and_update_config(vllm_config) -> None:
-        from difftransformer_vllm.model import check_int8_range, check_servable, platform_head_sizes
+        from difftransformer_vllm.model import (
+            check_int8_range,
+            check_kv_cache,
+            check_servable,
+            platform_head_sizes,
+        )
 
         model = vllm_config.model_config
         try:
@@ -38,6 +43,7 @@ class ServableCheck:
                 model.max_model_len,
                 platform_head_sizes(),
             )
+            check_kv_cache(vllm_config.cache_config.cache_dtype, model.hf_config)
             check_folder(model.model)
             if getattr(model.hf_config, "quantization_config", None) is not None:
                 check_int8_range(model.model)

@@ -117,6 +117,24 @@ def check_servable(
         )
 
 
+def check_kv_cache(cache_dtype: str, config: PretrainedConfig) -> None:
+    """Raise ValueError, one line, for a KV cache dtype vLLM's CPU attention cannot keep for this model: an fp8 cache
+    (``kv_cache_dtype="fp8"``, keys and values stored as float8 at their scales) needs x86 with AVX-512 or AMX, and
+    heads whose size is a multiple of 32 (vLLM's own rule, which it raises from inside every worker)."""
+    if not cache_dtype.startswith("fp8") or not current_platform.is_cpu():
+        return
+    if not (torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()):
+        raise ValueError(
+            f"kv_cache_dtype={cache_dtype!r}: vLLM's fp8 KV cache needs AVX-512 or AMX on a CPU, which this one "
+            "lacks; serve with the default kv_cache_dtype, or on such a CPU or a GPU"
+        )
+    if config.head_dim % 32:
+        raise ValueError(
+            f"kv_cache_dtype={cache_dtype!r} with head_dim = {config.head_dim}: vLLM's CPU attention keeps an fp8 "
+            "cache for head sizes that are multiples of 32; serve with the default kv_cache_dtype"
+        )
+
+
 def int8_sums_saturate() -> bool:
     """Whether vLLM's int8 GEMM here can overflow: on a CPU without VNNI instructions (AVX-512 VNNI, AVX-VNNI or AMX)
     oneDNN sums each pair of u8 x s8 products (the inputs shifted to u8) in int16, which weights beyond
