@@ -14,6 +14,13 @@ from scratch. On each side the models take turns round by round in a rotating or
 reaches them alike. Prints tokens/s (median of ``--repeats`` rounds after a warm-up round each) and each kind's time
 over the baseline's beside its FLOPs over the baseline's (prefill and decode of one request, models/flops.py: the
 floor a kind can reach); ``--output`` writes them as JSON.
+
+``--precisions`` serves every model at other precisions too, each against the baseline at the same precision and
+against its own float32 folder: ``bfloat16`` (the weights and activations; ``generate`` runs it too), ``fp8-kv``
+(float32 weights, vLLM's fp8 KV cache: keys and values stored as float8 e4m3; x86 CPUs with AVX-512 or AMX) and
+``w8a8`` (the folder ``difftransformer quantize --scheme w8a8`` writes: int8 weights and per-token int8 inputs; needs
+the ``quant`` extra here, and on the CPU an int8 GEMM with VNNI). transformers' ``generate`` has no counterpart of
+the last two and is left out there.
 """
 
 from __future__ import annotations
@@ -37,6 +44,15 @@ KINDS = "diff_v2,motif,diff,gda(gda_ratio=3),gated"
 BASELINE = "softmax"
 MAX_POSITIONS = 1024
 PROMPT_TOKENS = 64
+# --precisions: how vLLM serves a folder at each (its dtype, its KV cache's dtype, whether the folder is W8A8's)
+PRECISIONS = {
+    "float32": dict(dtype="float32", kv_cache_dtype="auto"),
+    "bfloat16": dict(dtype="bfloat16", kv_cache_dtype="auto"),
+    "fp8-kv": dict(dtype="float32", kv_cache_dtype="fp8"),
+    "w8a8": dict(dtype="float32", kv_cache_dtype="auto"),
+}
+# the precisions transformers' generate runs as vLLM does (the others: vLLM alone)
+GENERATE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}
 
 
 def prompts(batch: int) -> list[list[int]]:
@@ -58,9 +74,10 @@ def time_in_turns(runs: dict[str, Callable[[], None]], repeats: int) -> dict[str
     return {name: statistics.median(seconds) for name, seconds in times.items()}
 
 
-def vllm_worker(folders: dict[str, str], batches: list[int], new_tokens: int, repeats: int) -> dict:
-    """tokens/s of vLLM for each folder and batch size (runs in the vLLM environment): one in-process engine per
-    folder, all held at once, taking turns."""
+def vllm_worker(served: dict[str, dict], batches: list[int], new_tokens: int, repeats: int) -> dict:
+    """tokens/s of vLLM for each served model and batch size (runs in the vLLM environment): ``served`` maps a name
+    to its folder and precision (:data:`PRECISIONS`); one in-process engine per model, all held at once, taking
+    turns."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -69,10 +86,15 @@ def vllm_worker(folders: dict[str, str], batches: list[int], new_tokens: int, re
 
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     engines = {
-        kind: LLM(
-            folder, dtype="float32", max_model_len=512, enable_prefix_caching=False, skip_tokenizer_init=True
+        name: LLM(
+            model["folder"],
+            dtype=PRECISIONS[model["precision"]]["dtype"],
+            kv_cache_dtype=PRECISIONS[model["precision"]]["kv_cache_dtype"],
+            max_model_len=512,
+            enable_prefix_caching=False,
+            skip_tokenizer_init=True,
         )
-        for kind, folder in folders.items()
+        for name, model in served.items()
     }
     results = {}
     for batch in batches:
@@ -92,23 +114,32 @@ def generate_greedily(model, ids, new_tokens: int) -> None:
         model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
 
 
-def transformers_side(folders: dict[str, str], batches: list[int], new_tokens: int, repeats: int) -> dict:
+def transformers_side(served: dict[str, dict], batches: list[int], new_tokens: int, repeats: int) -> dict:
     """tokens/s of the package's models with transformers' ``generate`` (a KV cache, one token a step), taking
-    turns."""
+    turns, for the served models whose precision it runs (:data:`GENERATE_DTYPES`)."""
     import torch
 
     from difftransformer import DiffTransformerForCausalLM
 
     models = {
-        kind: DiffTransformerForCausalLM.from_pretrained(folder).eval() for kind, folder in folders.items()
+        name: DiffTransformerForCausalLM.from_pretrained(
+            model["folder"], dtype=GENERATE_DTYPES[model["precision"]]
+        ).eval()
+        for name, model in served.items()
+        if model["precision"] in GENERATE_DTYPES
     }
     results = {}
     for batch in batches:
         ids = torch.tensor(prompts(batch))
-        runs = {kind: partial(generate_greedily, model, ids, new_tokens) for kind, model in models.items()}
-        for kind, seconds in time_in_turns(runs, repeats).items():
-            results[f"{kind}/{batch}"] = batch * new_tokens / seconds
+        runs = {name: partial(generate_greedily, model, ids, new_tokens) for name, model in models.items()}
+        for name, seconds in time_in_turns(runs, repeats).items():
+            results[f"{name}/{batch}"] = batch * new_tokens / seconds
     return results
+
+
+def served_name(kind: str, precision: str) -> str:
+    """A served model's name: the kind, then its precision unless float32 ("diff_v2 fp8-kv")."""
+    return kind if precision == "float32" else f"{kind} {precision}"
 
 
 def main() -> int:
@@ -122,13 +153,20 @@ def main() -> int:
         help="the kinds served beside the softmax baseline, comma-separated, spelled as compare and plan take them "
         "(default: %(default)s)",
     )
+    parser.add_argument(
+        "--precisions",
+        nargs="+",
+        choices=list(PRECISIONS),
+        default=["float32"],
+        help="serve every model at these precisions, each against the baseline at the same one (default: float32)",
+    )
     parser.add_argument("--vllm-python", default=".venv-vllm/bin/python")
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--vllm-worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.vllm_worker is not None:  # in the vLLM environment
         job = json.loads(args.vllm_worker.read_text())
-        results = vllm_worker(job["folders"], args.batches, args.new_tokens, args.repeats)
+        results = vllm_worker(job["served"], args.batches, args.new_tokens, args.repeats)
         args.vllm_worker.write_text(json.dumps(results))
         return 0
 
@@ -149,6 +187,15 @@ def main() -> int:
         built = bench_configs(BenchShape(), MAX_POSITIONS, [spec for spec in kinds if spec != DIFF])
     except UsageError as err:
         parser.error(str(err).replace("`kinds`", "--kinds"))
+    if "float32" not in args.precisions:
+        parser.error("--precisions must hold float32: every precision is read against the float32 folder")
+    if "w8a8" in args.precisions:
+        from difftransformer.models.quantization import SCHEMES
+
+        try:
+            SCHEMES["w8a8"].check_available()
+        except UsageError as err:
+            parser.error(f"--precisions w8a8: {err}")
     configs = {spec: built[spec] for spec in kinds}
     configs[BASELINE] = built[BENCH_BASELINE]
     # one request's work, prefill and decode: a token at position t attends to t + 1 keys, as a decode step does
@@ -162,9 +209,21 @@ def main() -> int:
             # a folder named after the kind's text: diff_v2(gda_ratio=4) -> diff_v2-gda_ratio-4-
             folders[kind] = str(Path(work) / re.sub(r"[^A-Za-z0-9_.-]+", "-", kind))
             model.save_pretrained(folders[kind])
-        hf = transformers_side(folders, args.batches, args.new_tokens, args.repeats)
+        served = {}
+        for precision in args.precisions:
+            for kind, folder in folders.items():
+                if precision == "w8a8":  # the folder `difftransformer quantize --scheme w8a8` writes
+                    quantized = folder + "-w8a8"
+                    subprocess.run(
+                        [sys.executable, "-m", "difftransformer", "quantize", folder, "--scheme", "w8a8",
+                         "--output-dir", quantized],
+                        check=True,
+                    )  # fmt: skip
+                    folder = quantized
+                served[served_name(kind, precision)] = dict(folder=folder, precision=precision)
+        hf = transformers_side(served, args.batches, args.new_tokens, args.repeats)
         job = Path(work) / "vllm.json"
-        job.write_text(json.dumps({"folders": folders}))
+        job.write_text(json.dumps({"served": served}))
         command = [
             args.vllm_python,
             __file__,
@@ -175,34 +234,44 @@ def main() -> int:
         ]
         command += ["--repeats", str(args.repeats), "--batches", *map(str, args.batches)]
         subprocess.run(command, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        served = json.loads(job.read_text())
+        vllm = json.loads(job.read_text())
     rows = []
-    width = max(22, *(len(kind) + 8 for kind in configs))
+    width = max(22, *(len(name) + 8 for name in served))
+
+    def cell(value: float | None, spec: str, size: int) -> str:
+        return f"{'-' if value is None else format(value, spec):>{size}}"
+
     print(
         f"{'setting':<{width}}{'vLLM tok/s':>12}{'generate tok/s':>16}{'vLLM/generate':>15}"
-        f"{'time/base (vLLM)':>18}{'time/base (generate)':>22}{'FLOPs/base':>12}"
+        f"{'time/base (vLLM)':>18}{'time/base (generate)':>22}{'time/fp32 (vLLM)':>18}{'FLOPs/base':>12}"
     )
     for batch in args.batches:
-        for kind in configs:
-            key, base = f"{kind}/{batch}", f"{BASELINE}/{batch}"
-            row = dict(
-                kind=kind,
-                batch=batch,
-                vllm_tokens_per_s=served[key],
-                generate_tokens_per_s=hf[key],
-                vllm_over_generate=served[key] / hf[key],
-                # time per token of the kind over the baseline's: above 1 is slower
-                time_over_baseline_vllm=served[base] / served[key],
-                time_over_baseline_generate=hf[base] / hf[key],
-                flops_over_baseline=flops[kind] / flops[BASELINE],
-            )
-            rows.append(row)
-            print(
-                f"{kind + ' B=' + str(batch):<{width}}{row['vllm_tokens_per_s']:>12.0f}"
-                f"{row['generate_tokens_per_s']:>16.0f}{row['vllm_over_generate']:>15.2f}"
-                f"{row['time_over_baseline_vllm']:>18.3f}{row['time_over_baseline_generate']:>22.3f}"
-                f"{row['flops_over_baseline']:>12.3f}"
-            )
+        for precision in args.precisions:
+            for kind in configs:
+                name = served_name(kind, precision)
+                key, base = f"{name}/{batch}", f"{served_name(BASELINE, precision)}/{batch}"
+                generated = hf.get(key)
+                row = dict(
+                    kind=kind,
+                    precision=precision,
+                    batch=batch,
+                    vllm_tokens_per_s=vllm[key],
+                    generate_tokens_per_s=generated,
+                    vllm_over_generate=None if generated is None else vllm[key] / generated,
+                    # time per token of the kind over the baseline's at the same precision: above 1 is slower
+                    time_over_baseline_vllm=vllm[base] / vllm[key],
+                    time_over_baseline_generate=None if generated is None else hf[base] / generated,
+                    # time per token over the same kind's float32 folder in vLLM: below 1 is faster
+                    time_over_float32_vllm=vllm[f"{kind}/{batch}"] / vllm[key],
+                    flops_over_baseline=flops[kind] / flops[BASELINE],
+                )
+                rows.append(row)
+                print(
+                    f"{name + ' B=' + str(batch):<{width}}{row['vllm_tokens_per_s']:>12.0f}"
+                    f"{cell(generated, '.0f', 16)}{cell(row['vllm_over_generate'], '.2f', 15)}"
+                    f"{row['time_over_baseline_vllm']:>18.3f}{cell(row['time_over_baseline_generate'], '.3f', 22)}"
+                    f"{row['time_over_float32_vllm']:>18.3f}{row['flops_over_baseline']:>12.3f}"
+                )
     if args.output is not None:
         record = dict(
             command=" ".join(sys.argv),
@@ -215,6 +284,7 @@ def main() -> int:
             kinds={kind: config.to_diff_dict() for kind, config in configs.items()},
             prompt_tokens=PROMPT_TOKENS,
             new_tokens=args.new_tokens,
+            precisions=args.precisions,
             rows=rows,
         )
         args.output.write_text(json.dumps(record, indent=2) + "\n")
