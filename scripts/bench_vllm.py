@@ -44,15 +44,15 @@ KINDS = "diff_v2,motif,diff,gda(gda_ratio=3),gated"
 BASELINE = "softmax"
 MAX_POSITIONS = 1024
 PROMPT_TOKENS = 64
-# --precisions: how vLLM serves a folder at each (its dtype, its KV cache's dtype, whether the folder is W8A8's)
+# --precisions: how vLLM serves a folder at each (its dtype and its KV cache's dtype; w8a8 serves quantize's folder)
 PRECISIONS = {
     "float32": dict(dtype="float32", kv_cache_dtype="auto"),
     "bfloat16": dict(dtype="bfloat16", kv_cache_dtype="auto"),
     "fp8-kv": dict(dtype="float32", kv_cache_dtype="fp8"),
     "w8a8": dict(dtype="float32", kv_cache_dtype="auto"),
 }
-# the precisions transformers' generate runs as vLLM does (the others: vLLM alone)
-GENERATE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}
+# the precisions transformers' generate runs as vLLM does, in the same dtype (the others: vLLM alone)
+GENERATE_PRECISIONS = ("float32", "bfloat16")
 
 
 def prompts(batch: int) -> list[list[int]]:
@@ -116,17 +116,17 @@ def generate_greedily(model, ids, new_tokens: int) -> None:
 
 def transformers_side(served: dict[str, dict], batches: list[int], new_tokens: int, repeats: int) -> dict:
     """tokens/s of the package's models with transformers' ``generate`` (a KV cache, one token a step), taking
-    turns, for the served models whose precision it runs (:data:`GENERATE_DTYPES`)."""
+    turns, for the served models whose precision it runs (:data:`GENERATE_PRECISIONS`)."""
     import torch
 
     from difftransformer import DiffTransformerForCausalLM
 
     models = {
         name: DiffTransformerForCausalLM.from_pretrained(
-            model["folder"], dtype=GENERATE_DTYPES[model["precision"]]
+            model["folder"], dtype=PRECISIONS[model["precision"]]["dtype"]
         ).eval()
         for name, model in served.items()
-        if model["precision"] in GENERATE_DTYPES
+        if model["precision"] in GENERATE_PRECISIONS
     }
     results = {}
     for batch in batches:
